@@ -1,0 +1,157 @@
+"""The health-check sheet in the terminal (rich). Rendering only: no analysis here.
+
+Example::
+
+    from rich.console import Console
+    render_sheet(Console(), sheet, meta, findings)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ..analysis.findings import Finding
+from ..analysis.summary import Sheet
+from ..schema import RunMeta
+
+__all__ = ["render_sheet", "fmt_bytes", "fmt_pct", "fmt_num", "PHASE_STYLE", "phase_bar"]
+
+# Display order and colour of step phases.
+PHASE_STYLE: dict[str, str] = {
+    "data_wait": "red", "forward": "cyan", "backward": "blue",
+    "comm_exposed": "magenta", "optimizer": "green", "other": "grey50",
+}
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
+
+
+def fmt_bytes(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def fmt_pct(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def fmt_num(x: float | None, unit: str = "", digits: int = 4) -> str:
+    if x is None:
+        return "n/a"
+    if abs(x) >= 1e4:
+        s = f"{x:,.0f}"
+    else:
+        s = f"{x:.{digits}g}"
+    return f"{s} {unit}".rstrip()
+
+
+def phase_bar(phase_frac: dict[str, float], width: int = 60) -> Text:
+    """A stacked bar of the step's time split, one coloured block per phase."""
+    bar = Text()
+    used = 0
+    items = [(p, phase_frac[p]) for p in PHASE_STYLE if phase_frac.get(p)]
+    for i, (phase, frac) in enumerate(items):
+        n = width - used if i == len(items) - 1 else round(frac * width)
+        bar.append("█" * max(0, n), style=PHASE_STYLE[phase])
+        used += max(0, n)
+    return bar
+
+
+def _layer_table(title: str, rows: Sequence[tuple[str, str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False, box=None,
+              pad_edge=False, expand=False)
+    t.add_column("metric", style="bold", min_width=18)
+    t.add_column("value", justify="right", min_width=14)
+    t.add_column("where measured", style="dim")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def _result_rows(s: Sheet) -> list[tuple[str, str, str]]:
+    loss = "n/a" if s.loss_last is None else f"{s.loss_first:.4g} → {s.loss_last:.4g}"
+    return [
+        ("loss first → last", loss, f"min {fmt_num(s.loss_min)}"),
+        ("perplexity", fmt_num(s.perplexity), "exp(last loss), token cross-entropy"),
+        ("accuracy", fmt_pct(s.accuracy_last), "last step"),
+    ]
+
+
+def _efficiency_rows(s: Sheet) -> list[tuple[str, str, str]]:
+    steady = f"{s.steps - s.warmup_steps} steady steps, {s.warmup_steps} warm-up excluded"
+    return [
+        ("tokens/s", fmt_num(s.tokens_per_s), f"all ranks; {steady}"),
+        ("samples/s", fmt_num(s.samples_per_s), ""),
+        ("step time", fmt_num(s.step_time_s, "s"),
+         f"median; p90 {fmt_num(s.step_time_p90_s, 's')}"),
+        ("MFU", fmt_pct(s.mfu), s.mfu_note),
+        ("HFU", fmt_pct(s.hfu), "hardware FLOPs incl. recompute"),
+    ]
+
+
+def _system_rows(s: Sheet) -> list[tuple[str, str, str]]:
+    comm_where = ("recorded communication time" if s.comm_frac is not None else
+                  "not measured (no collectives recorded)")
+    return [
+        ("memory peak", fmt_bytes(s.mem_peak_bytes), s.mem_source),
+        ("data-wait share", fmt_pct(s.data_wait_frac), "time blocked in next(loader)"),
+        ("comm share", fmt_pct(s.comm_frac), comm_where),
+        ("exposed comm", fmt_pct(s.comm_exposed_frac), "comm with no compute running"),
+    ]
+
+
+def _split_panel(s: Sheet) -> Group:
+    legend = Text()
+    for phase, style in PHASE_STYLE.items():
+        if phase in s.phase_frac:
+            legend.append("■ ", style=style)
+            legend.append(f"{phase} {fmt_pct(s.phase_frac[phase])}  ")
+    return Group(phase_bar(s.phase_frac), legend, Text(s.phase_source, style="dim"))
+
+
+def _findings_table(findings: Sequence[Finding], limit: int) -> Table | Text:
+    if not findings:
+        return Text("No findings: nothing above info level.", style="green")
+    t = Table(show_header=True, header_style="bold", box=None, expand=False)
+    t.add_column("severity")
+    t.add_column("category")
+    t.add_column("finding")
+    t.add_column("next step", style="dim")
+    for f in list(findings)[:limit]:
+        t.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), f.category,
+                  f.message, f.recommendation)
+    return t
+
+
+def render_sheet(console: Console, sheet: Sheet, meta: RunMeta | None,
+                 findings: Sequence[Finding] = (), extra: Sequence[Any] = (),
+                 limit: int = 6) -> None:
+    """Print the sheet: header, three layers, step split, top findings."""
+    env = meta.environment if meta else {}
+    title = (f"stepscope health-check sheet — {meta.run_id if meta else '?'} "
+             f"[{meta.status if meta else '?'}]")
+    sub = (f"{env.get('framework', '?')} {env.get('framework_version', '')} · "
+           f"{env.get('device_name', '?')} · {sheet.ranks} rank(s) · {sheet.steps} steps")
+    body = Group(
+        Text(sub, style="dim"), Text(""),
+        _layer_table("Result — is it converging?", _result_rows(sheet)), Text(""),
+        _layer_table("Efficiency — how fast?", _efficiency_rows(sheet)), Text(""),
+        _layer_table("System — are resources fed?", _system_rows(sheet)), Text(""),
+        Text("Where a step's time goes", style="bold"), _split_panel(sheet), Text(""),
+        Text("Top findings", style="bold"), _findings_table(findings, limit), *extra,
+    )
+    console.print(Panel(body, title=escape(title), title_align="left", expand=False))
+    if sheet.skipped_records:
+        console.print(f"[yellow]{sheet.skipped_records} corrupt or torn record(s) skipped"
+                      "[/yellow]")
+    for note in sheet.notes:
+        console.print(f"[dim]note: {note}[/dim]")
