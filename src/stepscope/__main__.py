@@ -1,0 +1,5 @@
+"""``python -m stepscope`` runs the CLI."""
+
+from .cli import main
+
+main()

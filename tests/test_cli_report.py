@@ -1,0 +1,90 @@
+"""`stepscope demo` and `stepscope report` end to end, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+SHEET_KEYS = {"tokens_per_s", "samples_per_s", "step_time_s", "mfu", "hfu",
+              "mem_peak_bytes", "data_wait_frac", "comm_frac", "phase_frac", "loss_last",
+              "steps", "skipped_records"}
+
+
+def stepscope(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stepscope", *args], capture_output=True,
+                          text=True, timeout=600, check=check)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("demo") / "run"
+    proc = stepscope("demo", "--steps", "8", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads(proc.stdout)
+
+
+@pytest.mark.xdist_group("demo")
+def test_demo_writes_a_full_run(demo_run: tuple[Path, dict]) -> None:
+    out, sheet = demo_run
+    assert SHEET_KEYS <= set(sheet)
+    assert sheet["steps"] == 8 and sheet["skipped_records"] == 0
+    assert sheet["tokens_per_s"] > 0 and sheet["samples_per_s"] > 0
+    assert 0 < sheet["loss_last"] < sheet["loss_first"]
+    assert set(sheet["phase_frac"]) >= {"data_wait", "forward", "backward", "optimizer"}
+    assert sum(sheet["phase_frac"].values()) == pytest.approx(1.0)
+    assert sheet["mem_peak_bytes"] > 0 and "RSS" in sheet["mem_source"]
+    assert (out / "run.json").is_file() and (out / "steps" / "rank-00000.jsonl").is_file()
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!doctype html>") and "<svg" in html and "http" not in html.split(
+        "<svg")[0]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "finished"
+    for key in ("num_params", "seq_len", "global_batch", "lr", "seed", "precision"):
+        assert key in meta["baseline"]
+    assert meta["environment"]["framework"] == "torch"
+
+
+@pytest.mark.xdist_group("demo")
+def test_report_json_and_terminal(demo_run: tuple[Path, dict]) -> None:
+    out, demo_sheet = demo_run
+    proc = stepscope("report", str(out), "--json", "--no-html")
+    assert proc.returncode == 0, proc.stderr
+    sheet = json.loads(proc.stdout)
+    assert SHEET_KEYS <= set(sheet)
+    assert sheet["tokens_per_s"] == pytest.approx(demo_sheet["tokens_per_s"])
+    proc = stepscope("report", str(out), "--html", str(out / "copy.html"))
+    assert proc.returncode == 0, proc.stderr
+    assert "health-check sheet" in proc.stdout and "tokens/s" in proc.stdout
+    assert (out / "copy.html").is_file()
+
+
+@pytest.mark.parametrize("setup,needle", [
+    ("missing", "does not exist"),
+    ("empty_dir", "not a run directory"),
+    ("corrupt_meta", "corrupt"),
+    ("no_steps", "no step records"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, setup: str, needle: str) -> None:
+    run = tmp_path / "run"
+    if setup != "missing":
+        (run / "steps").mkdir(parents=True)
+    if setup == "corrupt_meta":
+        (run / "run.json").write_text("{not json")
+    if setup == "no_steps":
+        (run / "run.json").write_text('{"run_id": "x"}')
+    proc = stepscope("report", str(run))
+    assert proc.returncode == 2
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_wrong_flag_is_one_line() -> None:
+    proc = stepscope("report", "--nope")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -1,0 +1,200 @@
+"""Recorder: exact numbers with an injected clock; never raises into training."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from stepscope import Recorder, RunDir
+from stepscope.store import StepFileWriter
+
+
+class FakeClock:
+    """A clock that advances only when told to: tests get exact durations."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def tick(self, dt: float) -> None:
+        self.t += dt
+
+
+def test_phases_data_wait_and_step_time_are_exact(tmp_path: Path) -> None:
+    clk = FakeClock()
+    rec = Recorder(tmp_path / "run", clock=clk, wall_clock=lambda: 5.0, background=False)
+
+    def loader():  # each batch takes 0.25 s to produce
+        for i in range(2):
+            clk.tick(0.25)
+            yield i
+
+    for _ in rec.wrap_loader(loader()):
+        with rec.step(tokens=512, samples=2) as s:
+            with s.phase("forward"):
+                clk.tick(0.5)
+            with s.phase("backward"):
+                clk.tick(1.0)
+            with s.phase("optimizer"):
+                clk.tick(0.125)
+            with s.phase("forward"):  # a phase entered twice accumulates
+                clk.tick(0.5)
+            s.log(loss=2.5, lr=1e-3, my_metric=7)
+    rec.close()
+    table, stats = RunDir.open(tmp_path / "run").read_steps()
+    assert stats.skipped == 0
+    assert table["step"].tolist() == [0, 1]
+    assert table["step_time_s"].tolist() == [2.375, 2.375]
+    assert table["data_wait_s"].tolist() == [0.25, 0.25]
+    assert table["forward_s"].tolist() == [1.0, 1.0]
+    assert table["backward_s"].tolist() == [1.0, 1.0]
+    assert table["optimizer_s"].tolist() == [0.125, 0.125]
+    assert table["tokens"].tolist() == [512.0, 512.0]
+    assert table["loss"].tolist() == [2.5, 2.5] and table["my_metric"].tolist() == [7.0, 7.0]
+    assert table["end_s"].tolist() == [2.375, 4.75]
+    assert table["wall_time_s"].tolist() == [5.0, 5.0]
+    assert table["synced"].tolist() == [0.0, 0.0]
+    assert RunDir(tmp_path / "run").read_meta().status == "finished"
+
+
+def test_data_wait_inside_a_step_is_not_counted_twice(tmp_path: Path) -> None:
+    clk = FakeClock()
+    rec = Recorder(tmp_path / "run", clock=clk, background=False)
+    with rec.step():
+        clk.tick(0.5)
+        rec.add_time("data_wait", 0.5)  # e.g. next() called inside the step
+        clk.tick(1.0)
+    rec.close()
+    table, _ = RunDir.open(tmp_path / "run").read_steps()
+    assert table["step_time_s"].tolist() == [1.5] and table["data_wait_s"].tolist() == [0.5]
+
+
+def test_sync_only_on_sampled_steps_with_phases(tmp_path: Path) -> None:
+    clk = FakeClock()
+    calls: list[int] = []
+    rec = Recorder(tmp_path / "run", clock=clk, sync=lambda: calls.append(1),
+                   sync_every=3, background=False)
+    for i in range(6):
+        with rec.step() as s:
+            with s.phase("forward"):
+                clk.tick(0.1)
+        if i == 0:
+            assert len(calls) == 3  # phase enter, phase exit, step end
+    rec.close()
+    table, _ = RunDir.open(tmp_path / "run").read_steps()
+    assert table["synced"].tolist() == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert len(calls) == 6
+
+
+def test_failing_sync_is_dropped_not_raised(tmp_path: Path) -> None:
+    def bad_sync() -> None:
+        raise RuntimeError("device lost")
+
+    rec = Recorder(tmp_path / "run", sync=bad_sync, sync_every=1, background=False)
+    for _ in range(3):
+        with rec.step() as s, s.phase("forward"):
+            pass
+    rec.close()
+    table, _ = RunDir.open(tmp_path / "run").read_steps()
+    assert len(table) == 3
+
+
+def test_log_after_step_goes_to_that_step(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "run", background=False)
+    with rec.step():
+        pass
+    rec.log(loss=1.25)  # e.g. a callback that fires after the step
+    with rec.step():
+        pass
+    rec.close()
+    table, _ = RunDir.open(tmp_path / "run").read_steps()
+    assert table["loss"][0] == 1.25 and math.isnan(table["loss"][1])
+
+
+def test_exception_marks_run_failed(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        with Recorder(tmp_path / "run") as rec:
+            with rec.step():
+                pass
+            raise ValueError("boom")
+    meta = RunDir.open(tmp_path / "run").read_meta()
+    assert meta.status == "failed" and meta.error == "ValueError: boom"
+
+
+def test_full_disk_warns_once_and_training_continues(tmp_path: Path) -> None:
+    # /dev/full is a real device whose writes fail with ENOSPC, as on a full disk.
+    if not os.path.exists("/dev/full"):
+        pytest.skip("/dev/full is not available")
+    writer = StepFileWriter(Path("/dev/full"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert writer.write([{"rank": 0, "step": 1}]) == 0
+    assert len([w for w in caught if "cannot write step records" in str(w.message)]) == 1
+    assert writer.dropped == 3
+
+
+def test_unwritable_run_directory_does_not_stop_training(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "run")
+    # Replace the steps directory by a file: every later write fails with an OSError.
+    steps_dir = tmp_path / "run" / "steps"
+    for f in steps_dir.iterdir():
+        f.unlink()
+    steps_dir.rmdir()
+    steps_dir.write_text("not a directory")
+    rec._writer.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(50):
+            with rec.step(tokens=1):
+                pass
+        rec.close()
+    assert any("training continues" in str(w.message) for w in caught)
+    assert rec.dropped == 50
+
+
+_KILL_CHILD = textwrap.dedent("""
+    import sys, time
+    from stepscope import Recorder
+    rec = Recorder(sys.argv[1], flush_interval_s=0.5)
+    i = 0
+    while True:
+        with rec.step(tokens=1):
+            time.sleep(0.005)
+        print(i, time.time(), flush=True)
+        i += 1
+""")
+
+
+def test_sigkill_loses_at_most_the_last_second(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, str(run)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    last = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # let it run past a few flushes
+        line = proc.stdout.readline()
+        last = line.split()
+        if int(last[0]) >= 300:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert last is not None
+    table, stats = RunDir.open(run).read_steps()
+    assert len(table) > 0 and stats.skipped <= 1
+    # Records written by the child up to its last printed step, minus at most ~1 s
+    # (one flush interval plus scheduling slack on a loaded machine).
+    assert table["wall_time_s"].max() >= float(last[1]) - 1.5
+    assert table["step"].tolist() == list(range(len(table)))
