@@ -23,7 +23,6 @@ Example::
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -72,13 +71,6 @@ class ReadStats:
             self.problems.append(problem)
 
 
-def _clean(value: Any) -> Any:
-    """orjson writes NaN as null; drop non-finite floats so a reader gets NaN back."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 class StepFileWriter:
     """Appends pre-built records to one rank's JSONL file; never raises ``OSError``.
 
@@ -99,8 +91,8 @@ class StepFileWriter:
         return self._fd
 
     def write(self, records: Iterable[Mapping[str, Any]]) -> int:
-        lines = [orjson.dumps({k: v for k, v in r.items() if _clean(v) is not None})
-                 for r in records]
+        # orjson writes NaN/inf as null, which readers load back as NaN.
+        lines = [orjson.dumps(r) for r in records]
         if not lines:
             return 0
         data = b"\n".join(lines) + b"\n"
