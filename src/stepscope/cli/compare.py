@@ -1,5 +1,187 @@
-"""CLI commands of this area (registered on the `cli` group on import)."""
+"""Commands of the comparison area: compare, index, scaling, eval-log.
+
+    stepscope compare RUN_A RUN_B [--json] [--allow-multi] [--markdown] [--seed N]
+    stepscope index ROOT [--markdown] [--json] [--where EXPR]... [--sort COL] [--best EXPR]
+    stepscope scaling RUN... [--json] [--markdown] [--allow-multi]
+    stepscope eval-log RUN --step N --metric NAME=VALUE... [--tokens T] [--json]
+
+Exit codes: 0 done; 1 the comparison is ``invalid`` (or a scaling study has other
+differing variables) and ``--allow-multi`` was not given; 2 bad input.
+"""
 
 from __future__ import annotations
 
-from . import cli  # noqa: F401
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from ..analysis.compare import Comparison, compare_runs
+from ..analysis.quality_ledger import eval_record
+from ..analysis.scaling import scaling
+from ..errors import ConfigError, StepscopeError
+from ..index import INDEX_FILE, best_config, build_index, query_index
+from ..schema import RunMeta, StepTable
+from ..store import RunDir
+from . import cli
+from .report import emit_json
+
+__all__ = ["load_for_compare", "EXIT_INVALID"]
+
+# Exit status when a comparison is invalid without --allow-multi (2 is bad input).
+EXIT_INVALID = 1
+
+
+def load_for_compare(path: str | Path) -> tuple[StepTable, RunMeta, list[dict[str, Any]]]:
+    """(step table, run.json, eval events) of a run; raises StepscopeError on bad input."""
+    run = RunDir.open(path)
+    meta = run.read_meta()
+    table, stats = run.read_steps()
+    if not len(table):
+        raise StepscopeError(f"{run.path} has no step records ({stats.files} step file(s), "
+                             f"{stats.skipped} unreadable); nothing to compare")
+    return table, meta, run.read_events("eval")[0]
+
+
+@cli.command("compare")
+@click.argument("run_a", type=click.Path())
+@click.argument("run_b", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@click.option("--markdown", is_flag=True, help="Print the A/B table as Markdown.")
+@click.option("--allow-multi", is_flag=True,
+              help="Exit 0 even when more than one baseline variable differs.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.pass_context
+def compare_cmd(ctx: click.Context, run_a: str, run_b: str, as_json: bool, markdown: bool,
+                allow_multi: bool, seed: int) -> None:
+    """Compare RUN_B against the baseline RUN_A: one variable, two ledgers, one verdict."""
+    ta, ma, ea = load_for_compare(run_a)
+    tb, mb, eb = load_for_compare(run_b)
+    result = compare_runs(ta, ma, tb, mb, ea, eb, seed=seed)
+    _emit_comparison(result, as_json, markdown)
+    if result.verdict == "invalid" and not allow_multi:
+        ctx.exit(EXIT_INVALID)
+
+
+def _emit_comparison(result: Comparison, as_json: bool, markdown: bool) -> None:
+    if as_json:
+        emit_json(result.to_dict())
+    elif markdown:
+        from ..report.markdown_tables import comparison_markdown
+
+        click.echo(comparison_markdown(result), nl=False)
+    else:
+        from ..report.compare_view import render_comparison
+
+        render_comparison(Console(), result)
+
+
+@cli.command("index")
+@click.argument("root", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Rows, skipped runs and counts as JSON.")
+@click.option("--markdown", is_flag=True, help="Print the index as a Markdown table.")
+@click.option("--where", "where", multiple=True, metavar="EXPR",
+              help="Filter COLUMN OP VALUE, OP in = != < <= > >= ~ (repeatable).")
+@click.option("--sort", default=None, metavar="COLUMN",
+              help="Sort column; prefix '-' for descending (e.g. -tokens_per_s).")
+@click.option("--best", default=None, metavar="EXPR[,EXPR]",
+              help="Best known configuration (by MFU) for filters, e.g. "
+                   "'num_params=7e9,num_devices=64'.")
+@click.option("--db", type=click.Path(), default=None,
+              help=f"Index file (default ROOT/{INDEX_FILE}).")
+def index_cmd(root: str, as_json: bool, markdown: bool, where: tuple[str, ...],
+              sort: str | None, best: str | None, db: str | None) -> None:
+    """Index every run under ROOT (incremental); list, filter, sort, find the best."""
+    result = build_index(root, db)
+    filters = list(where)
+    rows: list[dict[str, Any]]
+    used = None
+    if best is not None:
+        conds = [c for c in best.split(",") if c.strip()]
+        if not conds:
+            raise ConfigError("--best needs filters, e.g. 'num_params=7e9,num_devices=64'")
+        row, used = best_config(result.db_path, [*filters, *conds])
+        rows = [row] if row else []
+    else:
+        rows = query_index(result.db_path, filters, sort)
+    s = result.stats
+    counts = {"found": s.found, "read": s.read, "unchanged": s.unchanged,
+              "removed": s.removed, "skipped": s.skipped}
+    if as_json:
+        emit_json({"db": str(result.db_path), "counts": counts, "best_by": used,
+                   "runs": rows, "skipped": [vars(k) for k in result.skipped]})
+    elif markdown:
+        from ..report.markdown_tables import index_markdown
+
+        click.echo(index_markdown(rows), nl=False)
+    else:
+        from ..report.compare_view import render_index
+
+        title = (f"{len(rows)} run(s); index {result.db_path}: {s.read} read, "
+                 f"{s.unchanged} unchanged, {s.skipped} skipped"
+                 + (f"; best by {used}" if used else ""))
+        render_index(Console(), rows, result.skipped, title)
+
+
+@cli.command("scaling")
+@click.argument("runs", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@click.option("--markdown", is_flag=True, help="Print the table as Markdown.")
+@click.option("--allow-multi", is_flag=True,
+              help="Exit 0 even when variables other than the device count differ.")
+@click.pass_context
+def scaling_cmd(ctx: click.Context, runs: tuple[str, ...], as_json: bool, markdown: bool,
+                allow_multi: bool) -> None:
+    """Throughput per device and scaling efficiency of runs that differ in device count."""
+    loaded = []
+    for path in runs:
+        table, meta, _ = load_for_compare(path)
+        loaded.append((meta.name or meta.run_id or Path(path).name, table, meta))
+    result = scaling(loaded)
+    if as_json:
+        emit_json(result.to_dict())
+    elif markdown:
+        from ..report.markdown_tables import scaling_markdown
+
+        click.echo(scaling_markdown(result), nl=False)
+    else:
+        from ..report.compare_view import render_scaling
+
+        render_scaling(Console(), result)
+    if result.differing and not allow_multi:
+        ctx.exit(EXIT_INVALID)
+
+
+def _parse_metric(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        if not sep or not name.strip():
+            raise ValueError
+        return name.strip(), float(value)
+    except ValueError:
+        raise ConfigError(f"cannot read --metric {text!r}: expected NAME=NUMBER, "
+                          "e.g. --metric val_loss=2.31") from None
+
+
+@cli.command("eval-log")
+@click.argument("run", type=click.Path())
+@click.option("--step", type=int, required=True, help="Training step the eval belongs to.")
+@click.option("--metric", "metrics", multiple=True, required=True, metavar="NAME=VALUE",
+              help="An evaluation result (repeatable), e.g. val_loss=2.31.")
+@click.option("--tokens", type=float, default=None, help="Tokens trained at that step.")
+@click.option("--json", "as_json", is_flag=True, help="Print the stored record as JSON.")
+def eval_log_cmd(run: str, step: int, metrics: tuple[str, ...], tokens: float | None,
+                 as_json: bool) -> None:
+    """Record evaluation results into RUN (read by compare's quality ledger)."""
+    run_dir = RunDir.open(run)
+    try:
+        record = eval_record(step, dict(_parse_metric(m) for m in metrics), tokens)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    run_dir.append_event(record)
+    if as_json:
+        emit_json(record)
+    else:
+        shown = ", ".join(f"{k}={v:g}" for k, v in record["metrics"].items())
+        click.echo(f"recorded eval at step {step} in {run_dir.path}: {shown}")
