@@ -1,0 +1,115 @@
+"""MindSpore Model.train (GRAPH mode, CPU) measured by StepscopeCallback; run by the tests.
+
+usage: ms_model_train.py RUN_DIR [--steps N] [--profile A:B] [--custom-cell] [--loss-scale S]
+
+Prints one JSON line: the step windows this script timed itself (epoch seconds, from a
+separate callback registered before stepscope's), for the tests to compare with.
+--custom-cell trains through a hand-written training cell that returns the logits instead
+of the loss (the field report's failure mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+from mindspore import nn
+from mindspore.train import Callback, FixedLossScaleManager, Model
+
+from stepscope.integrations.mindspore import StepscopeCallback
+
+VOCAB, SEQ, D, BATCH = 64, 16, 32, 4
+
+
+class TinyLM(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.fc = nn.Dense(D, 4 * D)
+        self.act = nn.GELU()
+        self.out = nn.Dense(4 * D, VOCAB)
+
+    def construct(self, x: ms.Tensor) -> ms.Tensor:
+        h = self.out(self.act(self.fc(self.emb(x))))
+        return h.reshape(-1, VOCAB)
+
+
+class FlatLoss(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, logits: ms.Tensor, y: ms.Tensor) -> ms.Tensor:
+        return self.ce(logits, y.reshape(-1))
+
+
+class LogitsTrainCell(nn.Cell):
+    """A custom training cell that updates the weights but returns the logits."""
+
+    def __init__(self, net: nn.Cell, loss: nn.Cell, opt: nn.Optimizer) -> None:
+        super().__init__()
+        self.net, self.loss, self.opt = net, loss, opt
+        self.grad = ms.value_and_grad(self._loss, None, opt.parameters)
+
+    def _loss(self, x: ms.Tensor, y: ms.Tensor) -> ms.Tensor:
+        return self.loss(self.net(x), y)
+
+    def construct(self, x: ms.Tensor, y: ms.Tensor) -> ms.Tensor:
+        _, grads = self.grad(x, y)
+        self.opt(grads)
+        return self.net(x)
+
+
+class Windows(Callback):
+    def __init__(self) -> None:
+        self.rows: list[list[float]] = []
+
+    def on_train_step_begin(self, run_context):  # type: ignore[no-untyped-def]
+        self.rows.append([time.time(), float("nan")])
+
+    def on_train_step_end(self, run_context):  # type: ignore[no-untyped-def]
+        self.rows[-1][1] = time.time()
+
+
+def batches(n: int):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    for _ in range(n):
+        x = rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32)
+        yield x, np.roll(x, -1, axis=1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_dir")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--profile", default="")
+    ap.add_argument("--custom-cell", action="store_true")
+    ap.add_argument("--loss-scale", type=float, default=0.0)
+    a = ap.parse_args()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    ms.set_seed(0)
+    data = ds.GeneratorDataset(lambda: batches(a.steps), ["x", "y"], shuffle=False)
+    net, loss = TinyLM(), FlatLoss()
+    opt = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3)
+    if a.custom_cell:
+        model = Model(LogitsTrainCell(net, loss, opt))
+    elif a.loss_scale:
+        model = Model(net, loss, opt, loss_scale_manager=FixedLossScaleManager(
+            a.loss_scale, drop_overflow_update=False))
+    else:
+        model = Model(net, loss, opt)
+    prof = tuple(int(v) for v in a.profile.split(":")) if a.profile else None
+    windows = Windows()
+    cb = StepscopeCallback(a.run_dir, profile_steps=prof,  # type: ignore[arg-type]
+                           meta={"baseline": {"seq_len": SEQ, "vocab_size": VOCAB}})
+    model.train(1, data, callbacks=[windows, cb], dataset_sink_mode=False)
+    print(json.dumps({"windows": windows.rows}))
+
+
+if __name__ == "__main__":
+    main()
