@@ -1,0 +1,295 @@
+"""Training memory per device: weights, gradients, optimizer states, activations.
+
+Model states, bytes per parameter (Psi parameters on the device after TP/PP, N_d = DP size).
+The convention is chosen by name, since the sources differ:
+
+``zero`` (default) -- Rajbhandari et al. 2020 (ZeRO) Sec. 3.1 / Fig. 1. Mixed precision
+    Adam: 2 (fp16/bf16 params) + 2 (grads) + K=12 (fp32 master, momentum, variance) = 16.
+    Stage 1 shards the optimizer states over DP, 2 also the grads, 3 also the params:
+    (2+2+12/N_d), (2 + 14/N_d), 16/N_d.
+``megatron`` -- Megatron-LM ``theoretical_memory_usage.py`` (2023-11): 18 = 2 bf16 params +
+    4 fp32 grads + 4 fp32 master + 8 Adam; the distributed optimizer (``--zero 1``) shards
+    the 12 over DP: 6 + 12/N_d. It has no ZeRO-2/3.
+``deepspeed`` -- DeepSpeed's ``estimate_zero2/zero3_model_states_mem_needs`` (docs
+    memory.rst, code @38327e0): ZeRO-2 2*Psi + 18*Psi/n on the GPU (``deepspeed-legacy``:
+    the pre-PR #5099 4*Psi + 16*Psi/n), ZeRO-3 4*largest_layer + 18*Psi/n, plus their CPU
+    (per node) figures with the 1.5 buffer factor and offload variants. The estimators give
+    totals only; the split into weights/grads/optimizer shown is 2/6/12 bytes of the 18 etc.
+
+Precision (``zero`` convention): ``mixed`` as above; ``bf16`` (pure bf16, states in bf16):
+2 + 2 + 2 per Adam moment; ``fp32``: 4 + 4 + 4 per moment. Optimizers: ``adam``/``adamw``
+(two moments), ``sgd`` (momentum: one), ``adafactor`` (factored second moment, no momentum:
+4*(rows + cols) bytes per matrix, Shazeer & Stern 2018). Offload (ZeRO-Offload/Infinity):
+``optimizer`` moves the optimizer states to host memory; ``params`` (ZeRO-3 only) also the
+parameters (the device then holds only gathered working layers, not modelled).
+
+Activations: :mod:`stepscope.calc.activations` (Korthikanti et al. 2022).
+
+Example::
+
+    est = estimate(ModelSpec(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672,
+                             swiglu=True, vocab=32000, seq_len=4096),
+                   dp=8, tp=8, zero=1, recompute="selective", sequence_parallel=True)
+    est.total_bytes / 2**30
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from .activations import stage_activations
+from .model import ModelSpec
+
+__all__ = ["MemoryEstimate", "MEMORY_CONVENTIONS", "estimate", "model_states",
+           "check_layout", "deepspeed_estimate"]
+
+MEMORY_CONVENTIONS = ("zero", "megatron", "deepspeed", "deepspeed-legacy")
+_OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
+_PRECISIONS = ("mixed", "bf16", "fp32")
+# (weight bytes, grad bytes, bytes per optimizer state, fp32 master copy?) per precision.
+_PRECISION_BYTES = {"mixed": (2, 2, 4, True), "bf16": (2, 2, 2, False), "fp32": (4, 4, 4, False)}
+_STATES = {"adam": 2, "adamw": 2, "sgd": 1, "adafactor": 0}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device (the most loaded one). ``host_bytes``: offloaded states, host side."""
+
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    model_states_bytes: float
+    activations_bytes: float
+    total_bytes: float
+    host_bytes: float = 0.0
+    params_per_device: float = 0.0
+    convention: str = "zero"
+    breakdown: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready dict (the CLI's ``memory --json`` keys first)."""
+        return {
+            "weights_bytes": self.weights_bytes, "grads_bytes": self.grads_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "model_states_bytes": self.model_states_bytes,
+            "activations_bytes": self.activations_bytes, "total_bytes": self.total_bytes,
+            "host_bytes": self.host_bytes, "params_per_device": self.params_per_device,
+            "convention": self.convention, "breakdown": dict(self.breakdown),
+            "notes": list(self.notes),
+        }
+
+
+def check_layout(spec: ModelSpec | None, dp: int = 1, tp: int = 1, pp: int = 1,
+                 zero: int = 0) -> None:
+    """Raise ConfigError for a layout that cannot exist (TP vs heads, PP vs layers)."""
+    for key, value in (("dp", dp), ("tp", tp), ("pp", pp)):
+        if value < 1:
+            raise ConfigError(f"--{key} must be >= 1, got {value}")
+    if zero not in (0, 1, 2, 3):
+        raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {zero}")
+    if spec is None:
+        return
+    if spec.heads is not None and spec.n_heads % tp:
+        raise ConfigError(f"tensor parallel size {tp} must divide the {spec.n_heads} attention "
+                          "heads (each TP rank holds whole heads); pick a divisor of the heads")
+    if spec.kv_heads is not None and spec.n_kv_heads % tp and tp % spec.n_kv_heads:
+        raise ConfigError(f"tensor parallel size {tp} and the {spec.n_kv_heads} KV heads must "
+                          "divide one another")
+    if pp > spec.layers:
+        raise ConfigError(f"pipeline parallel size {pp} exceeds the {spec.layers} layers; "
+                          "each stage needs at least one layer")
+
+
+def _params_per_device(spec: ModelSpec, tp: int, pp: int) -> tuple[float, str]:
+    """Parameters on the most loaded device before ZeRO: Megatron's most-loaded shard.
+
+    (transformer layers incl. final norm / pp + token embedding [+ untied head if pp == 1]
+    + position table) / tp -- Megatron-LM theoretical_memory_usage.py; the first stage
+    holds the embedding, the last a head (a copy when tied), both the same size.
+    """
+    if spec.params is not None or not spec.has_shape:
+        return spec.num_params() / (tp * pp), "params split evenly over TP x PP (no shape)"
+    emb = spec.input_embedding_params()
+    extra = emb if (not spec.tied_embeddings and pp == 1) else 0
+    stage = spec.layer_params() / pp + emb + extra + spec.position_embedding_params()
+    return stage / tp, "most loaded stage: layers/pp + embedding, / tp (Megatron-LM)"
+
+
+def model_states(params: float, dp: int = 1, zero: int = 0, optimizer: str = "adam",
+                 precision: str = "mixed", convention: str = "zero",
+                 offload: str | None = None,
+                 adafactor_state_params: float | None = None) -> tuple[float, float, float,
+                                                                       float, list[str]]:
+    """(weights, grads, optimizer, host) bytes per device for ``params`` on it, and notes.
+
+    Example: model_states(7.5e9, dp=64, zero=1) -> 31.406e9 bytes in all (ZeRO Fig. 1).
+    """
+    _check_choice("optimizer", optimizer, _OPTIMIZERS)
+    _check_choice("precision", precision, _PRECISIONS)
+    _check_choice("convention", convention, MEMORY_CONVENTIONS)
+    if offload not in (None, "none", "optimizer", "params"):
+        raise ConfigError(f"--offload must be optimizer or params, got {offload!r}")
+    if offload == "params" and zero != 3:
+        raise ConfigError("--offload params needs --zero 3 (only ZeRO-3 partitions parameters)")
+    notes: list[str] = []
+    if convention == "megatron":
+        if zero > 1:
+            raise ConfigError("the megatron convention has ZeRO-1 only (its distributed "
+                              "optimizer); use --convention zero for stages 2 and 3")
+        w, g = 2.0 * params, 4.0 * params  # bf16 params, fp32 main grads
+        opt = 12.0 * params / (dp if zero == 1 else 1)
+        notes.append("Megatron-LM: 18 B/param" if zero == 0 else "Megatron-LM distributed "
+                     "optimizer: 6 + 12/DP B/param")
+    else:
+        w_b, g_b, s_b, master = _PRECISION_BYTES[precision]
+        per_state = s_b * _STATES[optimizer]
+        w, g = w_b * params, g_b * params
+        opt = (per_state + (4 if master else 0)) * params
+        if optimizer == "adafactor":
+            opt += 4.0 * (adafactor_state_params if adafactor_state_params is not None else 0.0)
+            if adafactor_state_params is None:
+                notes.append("adafactor factored statistics not counted (no shape given)")
+        opt /= dp if zero >= 1 else 1
+        g /= dp if zero >= 2 else 1
+        w /= dp if zero >= 3 else 1
+    host = 0.0
+    if offload in ("optimizer", "params"):
+        host, opt = opt, 0.0
+        notes.append("optimizer states offloaded to host memory")
+    if offload == "params":
+        host, w = host + w, 0.0
+        notes.append("parameters offloaded to host; gathered working layers not modelled")
+    return w, g, opt, host, notes
+
+
+def estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1, tp: int = 1,
+             pp: int = 1, zero: int = 0, optimizer: str = "adam", precision: str = "mixed",
+             micro_batch: int = 1, recompute: str = "none", sequence_parallel: bool = False,
+             offload: str | None = None, convention: str = "zero",
+             num_microbatches: int | None = None, virtual_stages: int | None = None,
+             flash_attention: bool = False, gpus_per_node: int | None = None,
+             largest_layer_params: float | None = None, zero_init: bool = True
+             ) -> MemoryEstimate:
+    """Memory per device for a layout; ``spec`` None (``params`` only) gives model states.
+
+    Example: ``estimate(None, params=7e9, dp=8, zero=3).total_bytes`` = 14.0e9 (16 Psi / 8).
+    """
+    check_layout(spec, dp, tp, pp, zero)
+    if spec is None and params is None:
+        raise ConfigError("give a model: --params N or the shape flags")
+    if convention.startswith("deepspeed"):
+        return deepspeed_estimate(spec, params=params, dp=dp, zero=zero, offload=offload,
+                                  legacy=convention == "deepspeed-legacy",
+                                  gpus_per_node=gpus_per_node,
+                                  largest_layer_params=largest_layer_params,
+                                  zero_init=zero_init, micro_batch=micro_batch,
+                                  recompute=recompute, flash_attention=flash_attention)
+    if spec is None:
+        assert params is not None
+        per_dev, where = params / (tp * pp), "params split evenly over TP x PP (no shape)"
+    else:
+        per_dev, where = _params_per_device(spec, tp, pp)
+    w, g, o, host, notes = model_states(
+        per_dev, dp, zero, optimizer, precision, convention, offload,
+        _adafactor_stats(spec, tp * pp) if optimizer == "adafactor" and spec else None)
+    notes.insert(0, where)
+    breakdown: dict[str, float] = {}
+    act = 0.0
+    if spec is not None:
+        a = stage_activations(spec, micro_batch, tp, pp, sequence_parallel, recompute,
+                              num_microbatches, virtual_stages, flash_attention)
+        act = a.total_bytes
+        breakdown = {"activation_per_layer_bytes": a.layer_bytes,
+                     "layers_on_stage": a.layers_on_stage, "in_flight_microbatches": a.in_flight,
+                     "embedding_activation_bytes": a.embedding_bytes,
+                     "output_activation_bytes": a.output_bytes}
+        notes.append(f"activations: {a.stage} pipeline stage, Korthikanti et al. 2022")
+    else:
+        notes.append("activations not estimated: give --layers --hidden --seq-len (and --vocab)")
+    return _result(w, g, o, act, host, per_dev, convention, breakdown, notes)
+
+
+def _result(w: float, g: float, o: float, act: float, host: float, per_dev: float,
+            convention: str, breakdown: dict[str, float], notes: list[str]) -> MemoryEstimate:
+    states = w + g + o
+    return MemoryEstimate(weights_bytes=w, grads_bytes=g, optimizer_bytes=o,
+                          model_states_bytes=states, activations_bytes=act,
+                          total_bytes=states + act, host_bytes=host, params_per_device=per_dev,
+                          convention=convention, breakdown=breakdown, notes=tuple(notes))
+
+
+def deepspeed_estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1,
+                       zero: int = 2, offload: str | None = None, legacy: bool = False,
+                       gpus_per_node: int | None = None,
+                       largest_layer_params: float | None = None, zero_init: bool = True,
+                       micro_batch: int = 1, recompute: str = "none",
+                       flash_attention: bool = False) -> MemoryEstimate:
+    """DeepSpeed's ZeRO-2/3 model-state estimators (GPU and per-node CPU), plus activations.
+
+    n = dp GPUs in dp / gpus_per_node nodes. Example (t5-3b, 8 GPUs, ZeRO-2, current code):
+    ``deepspeed_estimate(None, params=2851e6, dp=8).model_states_bytes / 2**30`` = 11.28.
+    """
+    if zero not in (2, 3):
+        raise ConfigError("DeepSpeed's estimators cover ZeRO stages 2 and 3; use "
+                          "--convention zero for stages 0 and 1")
+    psi = float(params if params is not None else spec.num_params() if spec else 0.0)
+    per_node = gpus_per_node or min(dp, 8)
+    nodes = max(1, dp // per_node)
+    buf = 1.5  # DeepSpeed's additional_buffer_factor default
+    if zero == 2:
+        w, g, o, host = _ds_zero2(psi, dp, per_node, offload, legacy, buf)
+    else:
+        if largest_layer_params is None:
+            if spec is None:
+                raise ConfigError("ZeRO-3 estimate needs the largest layer's parameters; give "
+                                  "the shape flags or --largest-layer-params")
+            largest_layer_params = float(max(m.rows * m.cols for m in spec.matrices()))
+        w, g, o, host = _ds_zero3(psi, dp, per_node, nodes, offload, zero_init,
+                                  largest_layer_params, buf)
+    notes = [f"DeepSpeed estimate_zero{zero}_model_states_mem_needs"
+             + (" (pre-PR #5099)" if legacy else "") + "; host_bytes is per node"]
+    act = 0.0
+    if spec is not None:
+        act = stage_activations(spec, micro_batch, 1, 1, False, recompute,
+                                flash_attention=flash_attention).total_bytes
+    return _result(w, g, o, act, host, psi, "deepspeed-legacy" if legacy else "deepspeed",
+                   {}, notes)
+
+
+def _ds_zero2(psi: float, n: int, per_node: int, offload: str | None, legacy: bool,
+              buf: float) -> tuple[float, float, float, float]:
+    if offload in ("optimizer", "params"):
+        return 2.0 * psi, 0.0, 0.0, psi * max(4 * n, 16) * buf
+    host = psi * 4 * per_node * buf
+    if legacy:  # 4*Psi + 16*Psi/n
+        return 2.0 * psi, 2.0 * psi + 4.0 * psi / n, 12.0 * psi / n, host
+    return 2.0 * psi, 6.0 * psi / n, 12.0 * psi / n, host  # 2*Psi + 18*Psi/n
+
+
+def _ds_zero3(psi: float, n: int, per_node: int, nodes: int, offload: str | None,
+              zero_init: bool, largest: float, buf: float) -> tuple[float, float, float, float]:
+    layer = 4.0 * largest  # the gathered largest layer: fp16 params + grads
+    node_share = 1.0 / nodes
+    if offload == "params":
+        host = psi * (18 * node_share if zero_init else max(4 * per_node, 18 * node_share))
+        return layer, 0.0, 0.0, host * buf
+    if offload == "optimizer":
+        host = psi * (16 * node_share if zero_init else max(4 * per_node, 16 * node_share))
+        return layer + 2.0 * psi / n, 0.0, 0.0, host * buf
+    host = (largest if zero_init else psi) * 4 * per_node * buf
+    return layer + 2.0 * psi / n, 4.0 * psi / n, 12.0 * psi / n, host
+
+
+def _adafactor_stats(spec: ModelSpec, shards: int) -> float:
+    """Adafactor's factored second-moment entries: rows + cols per matrix, n per vector."""
+    total = 0.0
+    for m in spec.matrices():
+        total += (m.rows + m.cols if m.cols > 1 else m.rows) * m.count
+    return total / shards
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {name} {value!r}; expected one of {', '.join(choices)}")
