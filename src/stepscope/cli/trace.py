@@ -1,5 +1,98 @@
-"""CLI commands of this area (registered on the `cli` group on import)."""
+"""``stepscope trace PATH [PATH2 ...]`` and ``stepscope trace diff A B``.
+
+    stepscope trace PATH [PATH2 …] [--hta-compatible] [--steps a:b] [--top N] [--json]
+    stepscope trace diff A B [--hta-compatible] [--steps a:b] [--json]
+
+PATH: a PyTorch profiler trace (.json/.json.gz), a directory of per-rank traces (e.g. a
+run's ``profiles/<timestamp>/``), or a MindSpore profiler directory (``*_ascend_ms``).
+"""
 
 from __future__ import annotations
 
-from . import cli  # noqa: F401
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console
+
+from ..analysis.breakdown import analyze, parse_steps
+from ..analysis.tracediff import diff_reports
+from ..report.trace_view import render_trace_diff, render_trace_report
+from ..traces import read_trace
+from . import cli
+
+__all__ = ["trace_group"]
+
+
+class _TraceGroup(click.Group):
+    """``trace PATH...`` runs the ``show`` subcommand; ``trace diff A B`` compares."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["show", *args]
+        return super().parse_args(ctx, args)
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2
+                                         | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    sys.stdout.flush()
+
+
+_hta_opt = click.option(
+    "--hta-compatible", is_flag=True,
+    help="Rank numbers follow HTA 0.5.0 exactly (drops the last ProfilerStep, rounds "
+         "float times inward to whole µs, HTA's kernel name rules).")
+_steps_opt = click.option(
+    "--steps", default=None, metavar="a:b",
+    help="ProfilerStep numbers to analyse, both ends included (e.g. 2:4, 3:, :5).")
+_json_opt = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+@cli.group("trace", cls=_TraceGroup)
+def trace_group() -> None:
+    """Break profiler traces down: per-step phases, idle/compute/comm overlap, top ops.
+
+    \b
+    stepscope trace PATH [PATH2 ...] [--hta-compatible] [--steps a:b] [--json]
+    stepscope trace diff A B [--json]
+    """
+
+
+@trace_group.command("show")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@_hta_opt
+@_steps_opt
+@click.option("--top", default=10, show_default=True, help="Ops to list.")
+@_json_opt
+def show_cmd(paths: tuple[Path, ...], hta_compatible: bool, steps: str | None, top: int,
+             as_json: bool) -> None:
+    """Analyse PATH (trace file, directory of per-rank traces, or MindSpore directory)."""
+    report = analyze(read_trace(list(paths)), hta_compatible=hta_compatible,
+                     steps=parse_steps(steps), top=max(top, 20))
+    if as_json:
+        _emit_json(report.to_dict())
+        return
+    render_trace_report(Console(), report, top=top)
+
+
+@trace_group.command("diff")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@_hta_opt
+@_steps_opt
+@click.option("--top", default=20, show_default=True, help="Ops to list.")
+@_json_opt
+def diff_cmd(a: Path, b: Path, hta_compatible: bool, steps: str | None, top: int,
+             as_json: bool) -> None:
+    """Compare trace B against baseline A, per phase and per op (per step)."""
+    sel = parse_steps(steps)
+    rep_a = analyze(read_trace(a), hta_compatible=hta_compatible, steps=sel)
+    rep_b = analyze(read_trace(b), hta_compatible=hta_compatible, steps=sel)
+    diff = diff_reports(rep_a, rep_b)
+    if as_json:
+        _emit_json({"a": str(a), "b": str(b), **diff.to_dict()})
+        return
+    render_trace_diff(Console(), diff, top=top)

@@ -267,7 +267,8 @@ def _step_intervals(ts: np.ndarray, dur: np.ndarray, name: np.ndarray, kind: np.
 def _assign_steps(ts: np.ndarray, on_device: np.ndarray, launch_idx: np.ndarray,
                   steps: tuple[np.ndarray, np.ndarray, np.ndarray]) -> npt.NDArray[np.int64]:
     """Host event: the ProfilerStep whose [start, end) holds its start (HTA's rule).
-    Device event: the step of its launch (so GPU work that runs late stays in its step)."""
+    Device event: the step of its launch (so GPU work that runs late stays in its step);
+    by its own start time when the trace did not record the launch."""
     nums, starts, durs = steps
     step = np.full(len(ts), -1, dtype=np.int64)
     if not len(nums):
@@ -277,7 +278,6 @@ def _assign_steps(ts: np.ndarray, on_device: np.ndarray, launch_idx: np.ndarray,
     step[inside] = nums[pos[inside]]
     dev = on_device.astype(bool)
     linked = dev & (launch_idx >= 0)
-    step[dev] = -1
-    step[linked] = step[launch_idx[linked]]
+    step[linked] = step[launch_idx[linked]]  # unlinked device events keep the time rule
     return step
 
