@@ -1,5 +1,163 @@
-"""CLI commands of this area (registered on the `cli` group on import)."""
+"""CLI commands of this area: ``stepscope diagnose`` and ``stepscope isolate``.
+
+    stepscope diagnose RUN [--trace DIR] [--json]
+    stepscope isolate data|comm [--steps N] [--warmup W] [--out DIR] [--json] -- COMMAND...
+
+``isolate`` runs COMMAND under ``stepscope run`` twice for W + N optimizer steps (as is,
+then with the data loader replayed from memory / gradient sync made a no-op), compares the
+steady throughput and records the verdict in both runs' events.jsonl.
+"""
 
 from __future__ import annotations
 
-from . import cli  # noqa: F401
+import importlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from ..analysis.diagnose import Diagnosis, diagnose
+from ..analysis.isolation import (
+    ISOLATION_EVENT,
+    IsolationResult,
+    comm_isolation_verdict,
+    data_isolation_verdict,
+)
+from ..errors import StepscopeError
+from ..schema import StepTable
+from ..store import RunDir, utc_stamp
+from . import cli
+
+_MARK = {"critical": "!!", "warning": "! ", "info": "  "}
+# Child-environment switches understood by `stepscope run` (integrations/torch_auto.py).
+_SWITCH = {"data": ("STEPSCOPE_REPLAY_DATA", "replay-data"),
+           "comm": ("STEPSCOPE_NOOP_GRAD_SYNC", "nosync-comm")}
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY,
+                            default=str).decode())
+
+
+def _trace_report(path: Path) -> Mapping[str, Any] | None:
+    """Trace breakdown of ``path`` via the trace analysis, when it is installed."""
+    try:
+        breakdown: Any = importlib.import_module("stepscope.analysis.breakdown")
+    except ImportError:
+        click.echo("stepscope: note: trace analysis is not available; --trace ignored",
+                   err=True)
+        return None
+    report = breakdown.analyze(path)
+    if hasattr(report, "to_dict"):
+        report = report.to_dict()
+    return report if isinstance(report, Mapping) else None
+
+
+def _render(d: Diagnosis, run: Path) -> None:
+    click.echo(f"diagnosis of {run}")
+    click.echo(f"bottleneck: {d.bottleneck or 'none found'}")
+    if not d.findings:
+        click.echo("no findings")
+    for f in d.findings:
+        where = f" steps {f.steps[0]}-{f.steps[1]}" if f.steps else ""
+        where += f" rank {f.rank}" if f.rank is not None else ""
+        click.echo(f"{_MARK[f.severity]} [{f.severity}] {f.category}{where}: {f.message}")
+        if f.recommendation and f.severity != "info":
+            click.echo(f"     next: {f.recommendation}")
+    if d.advice:
+        click.echo("advice (payoff order):")
+        for a in d.advice:
+            line = f"  - [{a.stage}] {a.knob}: {a.change} -> {a.expected_effect}"
+            click.echo(line + (f" (caution: {a.caution})" if a.caution else ""))
+
+
+@cli.command("diagnose")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--trace", "trace", type=click.Path(path_type=Path), default=None,
+              help="profiler trace (file or directory) to add to the diagnosis")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
+    """Ranked findings, the bottleneck and the next experiment for run directory RUN."""
+    rd = RunDir.open(run)
+    meta = rd.read_meta()
+    table, _ = rd.read_steps()
+    events, _ = rd.read_events()
+    report = None
+    if trace is not None:
+        if not trace.exists():
+            raise StepscopeError(f"--trace {trace} does not exist; pass a trace file or "
+                                 "directory written by torch.profiler or MindSpore")
+        report = _trace_report(trace)
+    elif rd.profile_dirs():
+        report = _trace_report(rd.profile_dirs()[-1])
+    # The CLI is the edge that reads the clock: a running run's silence is a live stall.
+    now = time.time() if meta.status == "running" else None
+    d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now)
+    if as_json:
+        _echo_json(d.to_dict())
+    else:
+        _render(d, run)
+
+
+def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,
+                         switch: str | None) -> StepTable:
+    env = dict(os.environ, STEPSCOPE_MAX_STEPS=str(steps))
+    env.pop("STEPSCOPE_REPLAY_DATA", None)
+    env.pop("STEPSCOPE_NOOP_GRAD_SYNC", None)
+    if switch:
+        env[switch] = "1"
+    argv = [sys.executable, "-m", "stepscope", "run", "--out", str(out), "--", *command]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise StepscopeError(f"`{' '.join(command)}` under stepscope run exited with "
+                             f"{proc.returncode} ({' | '.join(tail)}); run it alone first")
+    table, _ = RunDir.open(out).read_steps()
+    if not len(table):
+        raise StepscopeError(f"no steps were recorded in {out}: is COMMAND a PyTorch "
+                             "training script that calls optimizer.step()?")
+    return table
+
+
+@cli.command("isolate", context_settings={"allow_interspersed_args": False})
+@click.argument("what", type=click.Choice(["data", "comm"]))
+@click.option("--steps", default=30, show_default=True, type=click.IntRange(min=1),
+              help="steps measured after warm-up in each run")
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0),
+              help="steps run first and not measured")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="directory for the two runs (default runs/isolate-WHAT-<UTC>)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def isolate_cmd(what: str, steps: int, warmup: int, out: Path | None, as_json: bool,
+                command: tuple[str, ...]) -> None:
+    """Prove a suspect: run COMMAND as is and with the data pipeline (data) or gradient
+    sync (comm) removed, then compare throughput. The comm run is not a valid training run."""
+    out = out or Path("runs") / f"isolate-{what}-{utc_stamp()}"
+    switch, label = _SWITCH[what]
+    base_dir, exp_dir = out / "baseline", out / label
+    total = warmup + steps
+    base = _run_under_stepscope(base_dir, command, total, None)
+    exp = _run_under_stepscope(exp_dir, command, total, switch)
+    base, exp = (t.select(t["step"] >= warmup) for t in (base, exp))
+    verdict = data_isolation_verdict if what == "data" else comm_isolation_verdict
+    res: IsolationResult = verdict(base, exp)
+    event = {"type": ISOLATION_EVENT, "kind": what, "result": res.to_dict(),
+             "baseline_run": str(base_dir), "experiment_run": str(exp_dir),
+             "warmup_steps": warmup, "measured_steps": steps}
+    for d in (base_dir, exp_dir):
+        RunDir.open(d).append_event(event)
+    if as_json:
+        _echo_json(event)
+        return
+    click.echo(f"isolation experiment ({what}): {res.message}")
+    click.echo(f"  runs: {base_dir} (as is), {exp_dir} ({label})")
+    if what == "comm":
+        click.echo("  note: the no-sync run did not synchronise gradients; not a valid "
+                   "training run")

@@ -1,0 +1,210 @@
+"""Diagnosis: the step table, health findings, recorded experiments and (if any) a trace
+breakdown combined into ranked findings, the bottleneck, and advice.
+
+Ranking: severity first, then impact (the share of step time a finding costs), then
+confidence. Findings that explain each other are reconciled (a straggler explains the
+other ranks' communication wait; a non-finite step explains the spikes after it; an
+isolation experiment confirms or clears the data-wait suspect). The bottleneck is the
+performance finding (warning or worse) with the largest impact, or None for a healthy run.
+
+Example::
+
+    table, _ = RunDir.open(path).read_steps()
+    d = diagnose(table, run.read_meta(), events=run.read_events()[0])
+    d.bottleneck, d.findings[0].message, d.to_dict()   # to_dict(): the --json contract
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..schema import RunMeta, StepTable
+from .advice import Advice, advise
+from .findings import CATEGORIES, Finding, severity_rank
+from .health import HealthConfig, check_health
+from .isolation import ISOLATION_EVENT, IsolationResult, isolation_finding
+from .summary import steady_mask
+
+__all__ = ["Diagnosis", "diagnose", "PERFORMANCE_CATEGORIES", "trace_findings"]
+
+# Categories that say where the time goes (candidates for "bottleneck").
+PERFORMANCE_CATEGORIES: tuple[str, ...] = (
+    "data_pipeline", "communication", "straggler", "compute", "throughput_regression",
+    "stall", "memory",
+)
+# Device idle above this share of a traced step: the device waits for the host.
+_TRACE_IDLE_WARN_PCT = 30.0
+# Exposed communication above 30% of the step (field report).
+_TRACE_COMM_WARN_PCT = 30.0
+
+
+@dataclass
+class Diagnosis:
+    bottleneck: str | None
+    findings: list[Finding]
+    advice: list[Advice] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Exactly the ``stepscope diagnose --json`` contract: bottleneck and findings."""
+        return {"bottleneck": self.bottleneck,
+                "findings": [f.to_dict() for f in self.findings]}
+
+    def top(self, n: int = 5, min_severity: str = "info") -> list[Finding]:
+        limit = severity_rank(min_severity)
+        return [f for f in self.findings if severity_rank(f.severity) <= limit][:n]
+
+
+def _impact(f: Finding) -> float:
+    v = f.evidence.get("impact_frac")
+    return float(v) if isinstance(v, (int, float)) and np.isfinite(v) else 0.0
+
+
+def _event_findings(events: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    out: list[Finding] = []
+    stragglers: dict[int, int] = {}
+    gathers = 0
+    for ev in events:
+        kind = ev.get("type")
+        if kind == ISOLATION_EVENT and isinstance(ev.get("result"), Mapping):
+            out.append(isolation_finding(IsolationResult.from_dict(ev["result"])))
+        elif kind == "finding" and ev.get("category") in CATEGORIES:
+            try:
+                steps = ev.get("steps")
+                out.append(Finding(
+                    category=ev["category"], severity=ev.get("severity", "info"),
+                    message=str(ev.get("message", "")), evidence=dict(ev.get("evidence", {})),
+                    steps=tuple(steps) if steps else None,  # type: ignore[arg-type]
+                    rank=ev.get("rank"), recommendation=str(ev.get("recommendation", "")),
+                    confidence=float(ev.get("confidence", 1.0)), rule=str(ev.get("rule", ""))))
+            except (ValueError, TypeError):
+                continue
+        elif kind == "cross_rank":
+            gathers += 1
+            for r in ev.get("stragglers") or []:
+                stragglers[int(r)] = stragglers.get(int(r), 0) + 1
+    for r, n in stragglers.items():
+        if gathers >= 2 and n >= gathers / 2:
+            out.append(Finding(
+                category="straggler", severity="warning",
+                message=f"rank {r} was flagged as a straggler in {n} of {gathers} cross-rank "
+                        "gathers during the run",
+                evidence={"gathers": gathers, "flagged": n}, rank=r, confidence=0.7,
+                rule="events.cross_rank",
+                recommendation=f"Compare rank {r}'s profile with another rank's"))
+    return out
+
+
+def trace_findings(report: Mapping[str, Any]) -> list[Finding]:
+    """Findings from a trace breakdown in the ``stepscope trace --json`` shape
+    (``ranks.<rank>.{idle_pct, comm_comp_overlap_pct, exposed_comm_pct, ...}``)."""
+    out: list[Finding] = []
+    ranks = report.get("ranks") or {}
+    for key, row in ranks.items():
+        if not isinstance(row, Mapping):
+            continue
+        idle = row.get("idle_pct")
+        exposed = next((row[k] for k in ("exposed_comm_pct", "comm_exposed_pct")
+                        if isinstance(row.get(k), (int, float))), None)
+        if isinstance(idle, (int, float)) and idle >= _TRACE_IDLE_WARN_PCT:
+            out.append(Finding(
+                category="compute", severity="warning",
+                message=f"trace: the device is idle {idle:.0f}% of the traced steps on rank "
+                        f"{key}: it waits for the host (data, launches, synchronisation)",
+                evidence={"idle_pct": float(idle), "impact_frac": float(idle) / 100},
+                rank=int(key), confidence=0.8, rule="trace.idle",
+                recommendation="Look at the host timeline of the trace for data loading or "
+                               "synchronising calls (.item(), prints) between kernels"))
+        if exposed is not None and exposed >= _TRACE_COMM_WARN_PCT:
+            out.append(Finding(
+                category="communication", severity="warning",
+                message=f"trace: exposed communication {exposed:.0f}% of the step on rank "
+                        f"{key} (overlap {row.get('comm_comp_overlap_pct', 'n/a')}%)",
+                evidence={"exposed_comm_pct": float(exposed),
+                          "impact_frac": float(exposed) / 100},
+                rank=int(key), confidence=0.9, rule="trace.comm",
+                recommendation="Overlap gradient communication with backward (bucket "
+                               "size, separate stream) or shard it (reduce-scatter)"))
+    return out
+
+
+def _demote(f: Finding, why: str) -> None:
+    f.severity = "info"
+    f.evidence["explained_by"] = why
+
+
+def _reconcile(findings: list[Finding]) -> None:
+    by = {c: [f for f in findings if f.category == c] for c in CATEGORIES}
+    strag = [f for f in by["straggler"] if f.severity != "info"]
+    if strag:
+        for f in by["communication"]:
+            if f.rule == "health.comm" and f.severity == "warning":
+                _demote(f, f"communication time includes waiting for straggler rank "
+                           f"{strag[0].rank}")
+    nan = [f for f in by["numerics"] if f.severity == "critical" and f.steps]
+    if nan:
+        first = min(f.steps[0] for f in nan if f.steps)
+        for f in by["loss_spike"] + by["grad_norm"] + by["convergence"]:
+            if f.steps and f.steps[-1] >= first - 1:
+                _demote(f, f"non-finite values from step {first}")
+    spike_steps = {s for f in by["loss_spike"] if f.steps
+                   for s in range(f.steps[0] - 1, f.steps[1] + 2)}
+    for f in by["grad_norm"]:
+        jumps = f.evidence.get("jump_steps") or []
+        if jumps and f.severity == "warning" and all(s in spike_steps for s in jumps):
+            _demote(f, "gradient jumps at the loss-spike steps")
+    iso = [f for f in by["data_pipeline"] if f.rule == "isolation.data"]
+    if iso and iso[-1].evidence["isolation"]["verdict"] == "not_bottleneck":
+        for f in by["data_pipeline"]:
+            if f.rule == "health.data_wait" and f.severity == "warning":
+                _demote(f, "the data isolation experiment found no throughput gain")
+
+
+def _compute_info(table: StepTable, findings: list[Finding]) -> Finding | None:
+    if any(f.category in PERFORMANCE_CATEGORIES and f.severity != "info" for f in findings):
+        return None
+    mask = steady_mask(table)
+    t = table.select(mask) if mask.any() else table
+    total = float(np.nansum(t["step_time_s"]))
+    cols = [c for c in ("forward_s", "backward_s", "optimizer_s") if t.has_data(c)]
+    if total <= 0 or not cols:
+        return None
+    frac = sum(float(np.nansum(t[c])) for c in cols) / total
+    return Finding(
+        category="compute", severity="info",
+        message=f"compute-bound: {' + '.join(c[:-2] for c in cols)} take {frac:.0%} of the "
+                "step; no data, communication or straggler problem found",
+        evidence={"compute_frac": frac, "impact_frac": 0.0}, confidence=0.7,
+        rule="diagnose.compute",
+        recommendation="Next gains are in the model itself: MFU, kernel fusion, bf16, "
+                       "larger micro-batch (see `stepscope report`)")
+
+
+def diagnose(table: StepTable, meta: RunMeta | None = None,
+             events: Sequence[Mapping[str, Any]] | None = None,
+             trace_report: Mapping[str, Any] | None = None,
+             config: HealthConfig | None = None, *,
+             now_wall_s: float | None = None) -> Diagnosis:
+    """Ranked findings, the bottleneck (or None) and advice for one run.
+
+    ``events``: records of ``RunDir.read_events()`` (isolation results, integration
+    findings, cross-rank gathers). ``trace_report``: a trace breakdown in the
+    ``stepscope trace --json`` shape. ``now_wall_s``: UNIX time, for a live run's stall.
+    """
+    findings = check_health(table, meta, config, now_wall_s=now_wall_s)
+    findings += _event_findings(events or [])
+    if trace_report:
+        findings += trace_findings(trace_report)
+    _reconcile(findings)
+    info = _compute_info(table, findings)
+    if info is not None:
+        findings.append(info)
+    findings.sort(key=lambda f: (severity_rank(f.severity), -_impact(f), -f.confidence,
+                                 f.steps[0] if f.steps else -1))
+    perf = [f for f in findings
+            if f.category in PERFORMANCE_CATEGORIES and f.severity != "info"]
+    bottleneck = max(perf, key=_impact).category if perf else None
+    return Diagnosis(bottleneck, findings, advise(findings, meta))

@@ -1,0 +1,375 @@
+"""Health rules on speed and resources: data wait, exposed communication, memory,
+throughput regressions, stragglers, stalls. Pure functions ``rule(ctx) -> list[Finding]``.
+
+All shares are computed over steady steps (warm-up excluded, see ``summary.steady_mask``)
+as sum(phase) / sum(step_time_s), the convention of the health-check sheet.
+
+Example::
+
+    ctx = HealthContext(table, meta, HealthConfig(), steady_mask(table))
+    rule_data_wait(ctx)[0].evidence["data_wait_frac"]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..schema import StepTable
+from .findings import Finding
+from .health_config import HealthContext
+from .health_stats import best_split, quarter_medians, rank_series, spearman
+
+__all__ = ["rule_data_wait", "rule_comm", "rule_memory", "rule_throughput",
+           "rule_straggler", "rule_stall", "own_time"]
+
+
+def _span(t: StepTable) -> tuple[int, int]:
+    return int(t["step"].min()), int(t["step"].max())
+
+
+def _share(t: StepTable, col: str) -> float:
+    total = float(np.nansum(t["step_time_s"]))
+    return float(np.nansum(t[col])) / total if total > 0 else 0.0
+
+
+def _worst_rank(t: StepTable, col: str) -> tuple[int | None, dict[str, float]]:
+    per = {str(r): _share(t.rank(r), col) for r in t.ranks()}
+    if len(per) < 2:
+        return None, per
+    return int(max(per, key=lambda k: per[k])), per
+
+
+def rule_data_wait(ctx: HealthContext) -> list[Finding]:
+    """Share of step time blocked waiting for the next batch (> 5% -> warning)."""
+    cfg = ctx.config
+    t = ctx.table.select(ctx.steady)
+    if not len(t) or not t.has_data("data_wait_s"):
+        return []
+    frac = _share(t, "data_wait_s")
+    med_wait = float(np.nanmedian(t["data_wait_s"]))
+    worst, per = _worst_rank(t, "data_wait_s")
+    worst_frac = per[str(worst)] if worst is not None else frac
+    if worst_frac <= cfg.data_wait_warn_frac or max(med_wait, float(
+            np.nanmean(t["data_wait_s"]))) < cfg.data_wait_min_s:
+        return []
+    uneven = worst is not None and worst_frac > 2 * max(min(per.values()), 1e-9)
+    return [Finding(
+        category="data_pipeline", severity="warning",
+        message=(f"the devices wait for data {frac:.0%} of the step time "
+                 f"(median {med_wait * 1e3:.1f} ms per step)"
+                 + (f"; worst on rank {worst} ({worst_frac:.0%})" if uneven else "")),
+        evidence={"data_wait_frac": frac, "median_data_wait_s": med_wait,
+                  "median_step_time_s": float(np.nanmedian(t["step_time_s"])),
+                  "per_rank_frac": per, "impact_frac": frac},
+        steps=_span(t), rank=worst if uneven else None, confidence=0.9,
+        rule="health.data_wait",
+        recommendation=("Prove it: `stepscope isolate data -- <your command>` replays cached "
+                        "batches; then add loader workers, prefetch and a tokenization cache"),
+    )]
+
+
+def rule_comm(ctx: HealthContext) -> list[Finding]:
+    """Exposed communication share (> 30%: compute and communication not overlapped)."""
+    cfg = ctx.config
+    t = ctx.table.select(ctx.steady)
+    col = "comm_exposed_s" if t.has_data("comm_exposed_s") else "comm_s"
+    if not len(t) or not t.has_data(col):
+        return []
+    frac = min(1.0, _share(t, col))
+    if frac <= cfg.comm_info_frac:
+        return []
+    exact = col == "comm_exposed_s"
+    worst, per = _worst_rank(t, col)
+    sev = "warning" if frac > cfg.comm_warn_frac else "info"
+    what = "exposed communication" if exact else "communication (overlap unknown: upper bound)"
+    return [Finding(
+        category="communication", severity=sev,
+        message=f"{what} takes {frac:.0%} of the step time",
+        evidence={"comm_frac": frac, "column": col, "overlap_measured": exact,
+                  "per_rank_frac": per, "impact_frac": frac},
+        steps=_span(t), rank=None, confidence=0.9 if exact else 0.6, rule="health.comm",
+        recommendation=("Measure the bound: `stepscope isolate comm -- <your command>`; then "
+                        "overlap (bigger DDP buckets, no_sync with accumulation) or shard "
+                        "(ZeRO/FSDP reduce-scatter)"),
+    )]
+
+
+def rule_memory(ctx: HealthContext) -> list[Finding]:
+    """Memory creep (peak grows step over step) and the memory pattern (temp vs plateau)."""
+    cfg = ctx.config
+    t = ctx.table.select(ctx.steady)
+    if not t.has_data("mem_peak_bytes"):
+        return []
+    out: list[Finding] = []
+    for r in t.ranks():
+        steps, peak = rank_series(t, r, "mem_peak_bytes")
+        ok = np.isfinite(peak)
+        if ok.sum() < cfg.min_steps:
+            continue
+        first, last = quarter_medians(peak[ok])
+        growth = last - first
+        corr = spearman(steps[ok].astype(float), peak[ok])
+        if (growth >= cfg.mem_creep_min_bytes and growth >= cfg.mem_creep_frac * first
+                and corr >= cfg.mem_creep_min_corr):
+            per_step = growth / max(1, (steps[ok][-1] - steps[ok][0]) * 3 / 4)
+            out.append(Finding(
+                category="memory", severity="warning",
+                message=(f"memory creep on rank {r}: peak grows from {first / 2**20:.0f} MiB to "
+                         f"{last / 2**20:.0f} MiB (~{per_step / 2**20:.2f} MiB per step)"),
+                evidence={"first_quarter_bytes": first, "last_quarter_bytes": last,
+                          "bytes_per_step": per_step, "rank_correlation": corr,
+                          "mem_source": (ctx.meta.environment.get("mem_source")
+                                         if ctx.meta else None)},
+                steps=(int(steps[ok][0]), int(steps[ok][-1])), rank=r, confidence=0.8,
+                rule="health.memory",
+                recommendation="Look for tensors kept across steps (losses appended with their "
+                               "graph: use loss.item(); growing caches); compare two memory "
+                               "snapshots a few hundred steps apart"))
+            break
+    out.extend(_memory_pattern(t, ctx))
+    return out
+
+
+def _memory_pattern(t: StepTable, ctx: HealthContext) -> list[Finding]:
+    if not t.has_data("mem_alloc_bytes"):
+        return []
+    peak = float(np.nanmedian(t["mem_peak_bytes"]))
+    held = float(np.nanmedian(t["mem_alloc_bytes"]))
+    if held <= 0:
+        return []
+    ratio = peak / held
+    if ratio >= ctx.config.mem_temp_ratio:
+        msg = (f"memory peaks at {ratio:.1f}x what is held at step end: temporary buffers "
+               "(activations, communication buffers) dominate the peak")
+        rec = "Selective recompute of the most memory-hungry blocks, or a smaller micro-batch"
+    elif ratio <= ctx.config.mem_plateau_ratio:
+        msg = (f"memory stays on a high plateau ({ratio:.2f}x of end-of-step allocation): "
+               "weights, gradients and optimizer states dominate")
+        rec = "Shard optimizer states (ZeRO-1/2, FSDP) or use a lower-precision optimizer"
+    else:
+        return []
+    return [Finding(category="memory", severity="info", message=msg,
+                    evidence={"peak_bytes": peak, "end_of_step_bytes": held, "ratio": ratio},
+                    steps=_span(t), rank=None, confidence=0.6, rule="health.memory",
+                    recommendation=rec)]
+
+
+def rule_throughput(ctx: HealthContext) -> list[Finding]:
+    """Throughput regressions (a changepoint) and progressive drift, per rank."""
+    cfg = ctx.config
+    t = ctx.table.select(ctx.steady)
+    best: Finding | None = None
+    for r in t.ranks():
+        f = _rank_throughput(t, r, ctx)
+        if f is not None and (best is None or f.evidence["drop_frac"] > best.evidence["drop_frac"]):
+            best = f
+    if best is not None and len(t.ranks()) > 1:
+        best.rank = None if _all_ranks_slow(t, ctx) else best.rank
+    del cfg
+    return [best] if best is not None else []
+
+
+def _rate(t: StepTable, r: int) -> tuple[np.ndarray, np.ndarray, str]:
+    steps, st = rank_series(t, r, "step_time_s")
+    _, tok = rank_series(t, r, "tokens")
+    if np.isfinite(tok).all() and tok.size:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return steps, tok / st, "tokens/s"
+    with np.errstate(divide="ignore"):
+        return steps, 1.0 / st, "steps/s"
+
+
+def _rank_throughput(t: StepTable, r: int, ctx: HealthContext) -> Finding | None:
+    cfg = ctx.config
+    steps, rate, unit = _rate(t, r)
+    ok = np.isfinite(rate) & (rate > 0)
+    steps, rate = steps[ok], rate[ok]
+    if rate.size < max(cfg.min_steps, 2 * cfg.regression_min_segment):
+        return None
+    seg = max(cfg.regression_min_segment, rate.size // 10)
+    k = best_split(rate, seg)
+    before = float(np.median(rate[:k])) if k else float("nan")
+    after = float(np.median(rate[k:])) if k else float("nan")
+    q0, q1 = quarter_medians(rate)
+    corr = -spearman(steps.astype(float), rate)
+    drift = corr >= cfg.drift_min_corr and 1 - q1 / q0 >= cfg.regression_drop
+    step_drop = k is not None and 1 - after / before >= cfg.regression_drop
+    if not (drift or step_drop):
+        return None
+    if step_drop:  # a step change has flat segments; a drift keeps trending inside them
+        assert k is not None
+        inside = max(-spearman(steps[:k].astype(float), rate[:k]),
+                     -spearman(steps[k:].astype(float), rate[k:]))
+        drift = drift and inside >= cfg.drift_min_corr
+    if drift:
+        a, b, drop = q0, q1, 1 - q1 / q0
+        msg = (f"throughput declines progressively: {a:.4g} -> {b:.4g} {unit} (-{drop:.0%}) "
+               f"from step {int(steps[0])} to {int(steps[-1])}")
+        span = (int(steps[0]), int(steps[-1]))
+    else:
+        assert k is not None
+        a, b, drop = before, after, 1 - after / before
+        msg = f"throughput dropped at step {int(steps[k])}: {a:.4g} -> {b:.4g} {unit} (-{drop:.0%})"
+        span = (int(steps[k]), int(steps[-1]))
+    return Finding(
+        category="throughput_regression", severity="warning", message=msg,
+        evidence={"before": a, "after": b, "unit": unit, "drop_frac": drop,
+                  "trend_corr": corr, "progressive": bool(drift), "impact_frac": drop},
+        steps=span, rank=r, confidence=0.8, rule="health.throughput",
+        recommendation=("Compare a profile from before and after the change point "
+                        "(`stepscope trace diff`); look for growing data queues, memory "
+                        "fragmentation, thermal throttling or another job on the node"),
+    )
+
+
+def _all_ranks_slow(t: StepTable, ctx: HealthContext) -> bool:
+    return all(_rank_throughput(t, r, ctx) is not None for r in t.ranks())
+
+
+def own_time(t: StepTable) -> tuple[np.ndarray, str]:
+    """Per-row time a rank spends on its own work: step time minus communication wait.
+
+    In synchronous data parallelism every rank's step time is the same; the fast ranks
+    spend the difference waiting in the collective, so the straggler is the rank with the
+    most time outside communication. Falls back to data wait + forward when no
+    communication time is recorded (DDP's backward includes the collective wait).
+    """
+    st = t["step_time_s"]
+    for col in ("comm_s", "comm_exposed_s"):
+        if t.has_data(col):
+            return st - np.nan_to_num(t[col]), f"step_time_s - {col}"
+    if t.has_data("forward_s"):
+        return np.nan_to_num(t["data_wait_s"]) + t["forward_s"], "data_wait_s + forward_s"
+    return np.full(len(t), np.nan), "not measurable"
+
+
+def rule_straggler(ctx: HealthContext) -> list[Finding]:
+    """A rank consistently slower at its own work than the others (score < 0.8)."""
+    cfg = ctx.config
+    t = ctx.table.select(ctx.steady)
+    ranks = t.ranks()
+    if len(ranks) < 2:
+        return []
+    own, how = own_time(t)
+    med = {r: float(np.nanmedian(own[t["rank"] == r])) for r in ranks}
+    if not all(np.isfinite(v) and v > 0 for v in med.values()):
+        return []
+    vals = sorted(med.values())
+    ref = vals[0] if len(vals) == 2 else float(np.median(vals))
+    slow = max(med, key=lambda r: med[r])
+    score = ref / med[slow]
+    excess = med[slow] - ref
+    step_med = float(np.nanmedian(t["step_time_s"]))
+    consistent = _slow_share(t, own, slow)
+    if (score >= cfg.straggler_score or excess < cfg.straggler_min_excess_s
+            or excess < cfg.straggler_min_excess_frac * step_med
+            or consistent < cfg.straggler_consistency):
+        return []
+    phase = _phase_gap(t, slow)
+    return [Finding(
+        category="straggler", severity="warning",
+        message=(f"rank {slow} is a straggler: its own work takes {med[slow] * 1e3:.1f} ms vs "
+                 f"{ref * 1e3:.1f} ms on the others (score {score:.2f}); the other ranks wait "
+                 f"for it" + (f"; the difference is in {phase}" if phase else "")),
+        evidence={"score": score, "rank_median_s": med[slow], "reference_median_s": ref,
+                  "per_rank_median_s": {str(r): v for r, v in med.items()},
+                  "slow_on_step_frac": consistent, "measured_as": how, "phase": phase,
+                  "impact_frac": excess / step_med if step_med > 0 else None},
+        steps=_span(t), rank=slow, confidence=0.8, rule="health.straggler",
+        recommendation=(f"Look at rank {slow}'s host (other processes, thermal throttling, "
+                        "slower device or link, uneven data shard); compare its profile with "
+                        "another rank's"),
+    )]
+
+
+def _slow_share(t: StepTable, own: np.ndarray, rank: int) -> float:
+    """Share of steps on which ``rank``'s own time is above every other rank's median."""
+    steps = np.unique(t["step"])
+    hits = total = 0
+    for s in steps:
+        m = t["step"] == s
+        if m.sum() < 2:
+            continue
+        mine = own[m & (t["rank"] == rank)]
+        others = own[m & (t["rank"] != rank)]
+        if mine.size and others.size and np.isfinite(mine[0]):
+            total += 1
+            hits += int(mine[0] > np.nanmedian(others))
+    return hits / total if total else 0.0
+
+
+def _phase_gap(t: StepTable, rank: int) -> str | None:
+    gaps = {}
+    for col in ("data_wait_s", "forward_s", "backward_s", "optimizer_s"):
+        if t.has_data(col):
+            mine = float(np.nanmedian(t[col][t["rank"] == rank]))
+            rest = float(np.nanmedian(t[col][t["rank"] != rank]))
+            gaps[col] = mine - rest
+    if not gaps:
+        return None
+    col = max(gaps, key=lambda c: gaps[c])
+    return col.removesuffix("_s") if gaps[col] > 0 else None
+
+
+def rule_stall(ctx: HealthContext) -> list[Finding]:
+    """No step finished for k x the median step time (historical gaps, and 'now' if live)."""
+    cfg = ctx.config
+    t = ctx.table
+    out: list[Finding] = []
+    worst: tuple[float, int, int, int, float] | None = None
+    for r in t.ranks():
+        steps, end = rank_series(t, r, "end_s")
+        _, st = rank_series(t, r, "step_time_s")
+        if not np.isfinite(end).any():
+            steps, end = rank_series(t, r, "wall_time_s")
+        ok = np.isfinite(end)
+        if ok.sum() < 3:
+            continue
+        steps, end = steps[ok], end[ok]
+        med = float(np.nanmedian(st)) if np.isfinite(st).any() else float(np.median(np.diff(end)))
+        limit = max(cfg.stall_factor * med, cfg.stall_min_s)
+        gap = np.diff(end)
+        i = int(np.argmax(gap))
+        if gap[i] >= limit and (worst is None or gap[i] > worst[0]):
+            worst = (float(gap[i]), r, int(steps[i]), int(steps[i + 1]), med)
+    if worst is not None:
+        gap, r, a, b, med = worst
+        out.append(Finding(
+            category="stall", severity="warning",
+            message=(f"training stalled: no step finished for {gap:.1f} s between steps {a} "
+                     f"and {b} ({gap / med:.0f}x the median step of {med * 1e3:.1f} ms)"),
+            evidence={"gap_s": gap, "median_step_time_s": med, "factor": gap / med,
+                      "impact_frac": None},
+            steps=(a, b), rank=r if len(t.ranks()) == 1 else None, confidence=0.9,
+            rule="health.stall",
+            recommendation=("Find what ran in the gap (checkpoint save, evaluation, data "
+                            "retries, a hung collective): add a py-spy dump or a timeout "
+                            "alert on step time"),
+        ))
+    out.extend(_live_stall(ctx))
+    return out
+
+
+def _live_stall(ctx: HealthContext) -> list[Finding]:
+    t = ctx.table
+    if ctx.now_wall_s is None or not t.has_data("wall_time_s"):
+        return []
+    if ctx.meta is not None and ctx.meta.status != "running":
+        return []
+    last = float(np.nanmax(t["wall_time_s"]))
+    med = float(np.nanmedian(t["step_time_s"])) if t.has_data("step_time_s") else 0.0
+    idle = ctx.now_wall_s - last
+    limit = max(ctx.config.stall_factor * med, ctx.config.stall_min_s)
+    if idle < limit:
+        return []
+    step = int(t["step"].max())
+    return [Finding(
+        category="stall", severity="critical",
+        message=(f"no step recorded for {idle:.0f} s since step {step} "
+                 f"({idle / med:.0f}x the median step)" if med > 0 else
+                 f"no step recorded for {idle:.0f} s since step {step}"),
+        evidence={"idle_s": idle, "last_step": step, "median_step_time_s": med},
+        steps=(step, step), rank=None, confidence=0.9, rule="health.stall",
+        recommendation="Check the job now: py-spy dump the ranks; a hung collective or "
+                       "retrying data reader are the usual causes",
+    )]
