@@ -171,11 +171,11 @@ class _Core:
 
     def __init__(self, run_dir: str | os.PathLike[str], meta: dict[str, Any] | None,
                  profile_steps: tuple[int, int] | None, cross_rank_every: int,
-                 rank: int | None) -> None:
+                 rank: int | None, loss_source: str) -> None:
         r, self.world = rank_and_world()
         self.rank = r if rank is None else rank
         self.rec = Recorder(run_dir, meta=meta, rank=self.rank)
-        self.watch = LossWatch()
+        self.watch = LossWatch(loss_source)
         self.window = WindowStats(_CROSS_NAMES)
         self.every = int(cross_rank_every) if self.world > 1 else 0
         self.capture = (ProfileCapture(self.rec.run, profile_steps, self.rank, self.world)
@@ -206,8 +206,9 @@ class _Core:
         self.rec.end_step()
         if self.capture is not None:
             self.capture.after_step(step)
-        self.window.add(step_time_s=step_time, data_wait_s=self._wait,
-                        compute_s=step_time - self._wait - (comm if comm == comm else 0.0))
+        if self.capture is None or not self.capture.active(step):  # profiled: distorted
+            self.window.add(step_time_s=step_time, data_wait_s=self._wait,
+                            compute_s=step_time - self._wait - (comm if comm == comm else 0.0))
         if self.every and (step + 1) % self.every == 0:
             gathered = self._all_gather(self.window.medians())
             if self.rank == 0 and gathered is not None:
@@ -287,7 +288,8 @@ class StepscopeCallback(_callback_base()):  # type: ignore[misc]
         meta, profile_steps, every, rank = self._args
         m = _base_meta(meta, getattr(p, "network", None), getattr(p, "optimizer", None))
         m.setdefault("config", {})["stepscope_integration"] = "mindspore Model.train callback"
-        self.core = _Core(self.run_dir, m, profile_steps, every, rank)
+        self.core = _Core(self.run_dir, m, profile_steps, every, rank,
+                          "the training network's outputs")
         self._t_last = time.perf_counter()
 
     def on_train_epoch_begin(self, run_context: Any) -> None:
@@ -343,7 +345,8 @@ class LoopRecorder:
         cfg["phase_note"] = ("forward_backward_s: mindspore.value_and_grad runs forward and "
                              "backward in one call; the host cannot time them apart "
                              "(profile_steps splits them by op name)")
-        self.core = _Core(run_dir, m, profile_steps, cross_rank_every, rank)
+        self.core = _Core(run_dir, m, profile_steps, cross_rank_every, rank,
+                          "the custom loop")
         self.optimizer, self.scaler = optimizer, scaler
         self.tokens_per_sample = tokens_per_sample
         self._step = 0
@@ -369,11 +372,14 @@ class LoopRecorder:
                         s if samples is None else samples, wait)
         try:
             yield Step(self.core.rec)
-        finally:
-            self._values["loss_scale"] = loss_scale(self.scaler)
-            self.core.end(self._step, self._values, self._loss,
-                          "held no loss (LoopRecorder.log(loss=...) was not called)")
+        except BaseException:
+            self.core.rec.end_step()  # keep the failed step's times; no loss check
             self._step += 1
+            raise
+        self._values["loss_scale"] = loss_scale(self.scaler)
+        self.core.end(self._step, self._values, self._loss,
+                      "held no loss (LoopRecorder.log(loss=...) was not called)")
+        self._step += 1
 
     def log(self, *, loss: Any = None, grads: Iterable[Any] | None = None,
             overflow: Any = None, **values: float) -> None:

@@ -57,9 +57,19 @@ class ProfileCapture:
         if self.world > 1:
             import mindspore as ms
 
-            out = ms.ops.AllGather()(ms.Tensor(np.asarray([now], dtype=np.float64)))
-            now = float(out.asnumpy().min())
+            # int32 parts (CPU AllGather casts float64 to float32: 128 s resolution at
+            # epoch magnitude): [seconds // 1e5, seconds % 1e5, milliseconds]
+            sec = int(now)
+            parts = np.asarray([[sec // 100_000, sec % 100_000, int(now % 1 * 1000)]],
+                               dtype=np.int32)
+            rows = ms.ops.AllGather()(ms.Tensor(parts)).asnumpy().tolist()
+            hi, lo, milli = min(tuple(int(v) for v in r) for r in rows)
+            now = hi * 100_000 + lo + milli / 1000.0
         return utc_stamp(_dt.datetime.fromtimestamp(now, _dt.timezone.utc))
+
+    def active(self, step: int) -> bool:
+        """True for a profiled step (its times include the profiler's own overhead)."""
+        return self.first <= step <= self.last
 
     def before_step(self, step: int) -> None:
         if step == self.first and self._prof is None and not self.done:
