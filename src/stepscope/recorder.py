@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .schema import STEP_COLUMN_NAMES, RunMeta
+from .schema import STEP_COLUMN_NAMES, AnyArray, RunMeta
 from .store import RunDir, StepFileWriter, is_run_dir, utc_stamp
 
 __all__ = ["Recorder", "Step"]
@@ -455,7 +455,7 @@ class Recorder:
             self.close(status="failed", error=f"{et.__name__}: {e}")
 
 
-def _as_float_rows(rows: list[list[Any]]) -> np.ndarray:
+def _as_float_rows(rows: list[list[Any]]) -> AnyArray:
     """Rows to a float64 matrix; values that are not numbers (bad user input) become NaN."""
     try:
         return np.asarray(rows, dtype=np.float64)

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "AnyArray",
     "Column",
     "STEP_COLUMNS",
     "STEP_COLUMN_NAMES",
@@ -38,6 +39,7 @@ __all__ = [
     "RunMeta",
 ]
 
+AnyArray = npt.NDArray[Any]
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -85,7 +87,7 @@ _STEP_DTYPES = {c.name: c.dtype for c in STEP_COLUMNS}
 PHASES: tuple[str, ...] = ("data_wait", "forward", "backward", "comm_exposed", "optimizer")
 
 
-def _as_column(name: str, values: Iterable[Any] | np.ndarray) -> np.ndarray:
+def _as_column(name: str, values: Iterable[Any] | AnyArray) -> AnyArray:
     dtype = _STEP_DTYPES.get(name, "float64")
     arr = np.asarray(values if isinstance(values, np.ndarray) else list(values))
     if dtype == "int64":
@@ -103,9 +105,9 @@ class StepTable:
 
     __slots__ = ("_cols", "_n")
 
-    def __init__(self, columns: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, columns: Mapping[str, AnyArray]) -> None:
         n = len(next(iter(columns.values()))) if columns else 0
-        cols: dict[str, np.ndarray] = {}
+        cols: dict[str, AnyArray] = {}
         for c in STEP_COLUMNS:
             if c.name in columns:
                 cols[c.name] = _as_column(c.name, columns[c.name])
@@ -123,7 +125,7 @@ class StepTable:
         self._n = n
 
     @classmethod
-    def from_columns(cls, columns: Mapping[str, Sequence[Any] | np.ndarray]) -> StepTable:
+    def from_columns(cls, columns: Mapping[str, Sequence[Any] | AnyArray]) -> StepTable:
         return cls({k: _as_column(k, v) for k, v in columns.items()})
 
     @classmethod
@@ -149,7 +151,7 @@ class StepTable:
     def __len__(self) -> int:
         return self._n
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> AnyArray:
         return self._cols[name]
 
     def __contains__(self, name: object) -> bool:
@@ -170,7 +172,7 @@ class StepTable:
         arr = self._cols[name]
         return bool(arr.size) and bool(np.isfinite(arr).any())
 
-    def select(self, mask: np.ndarray) -> StepTable:
+    def select(self, mask: AnyArray) -> StepTable:
         """Rows where ``mask`` (bool array or index array) selects."""
         return StepTable({k: v[mask] for k, v in self._cols.items()})
 
@@ -215,7 +217,7 @@ class EventTable:
     stream: IntArray
     step: IntArray
     names: list[str]
-    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    extra: dict[str, AnyArray] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -226,12 +228,12 @@ class EventTable:
         return self.start_us + self.dur_us
 
     def kind_mask(self, kind: str) -> npt.NDArray[np.bool_]:
-        return self.kind == EVENT_KINDS.index(kind)
+        return np.asarray(self.kind == EVENT_KINDS.index(kind), dtype=bool)
 
     def name_of(self, i: int) -> str:
         return self.names[int(self.name[i])]
 
-    def select(self, mask: np.ndarray) -> EventTable:
+    def select(self, mask: AnyArray) -> EventTable:
         return EventTable(
             rank=self.rank[mask], kind=self.kind[mask], name=self.name[mask],
             start_us=self.start_us[mask], dur_us=self.dur_us[mask],

@@ -34,7 +34,7 @@ import numpy as np
 import orjson
 
 from .errors import RunDirError
-from .schema import STEP_COLUMN_NAMES, RunMeta, StepTable
+from .schema import STEP_COLUMN_NAMES, AnyArray, RunMeta, StepTable
 
 __all__ = ["RunDir", "ReadStats", "StepFileWriter", "is_run_dir", "utc_stamp"]
 
@@ -167,7 +167,7 @@ def _rows_to_table(rows: list[dict[str, Any]], source: str, stats: ReadStats) ->
         else:  # a late record (values logged after the step closed): merge into it
             prev.update({k: v for k, v in r.items() if v is not None})
         names.update(dict.fromkeys(r))
-    cols: dict[str, np.ndarray] = {}
+    cols: dict[str, AnyArray] = {}
     for name in names:
         vals = [r.get(name) for r in good]
         if name in ("rank", "step"):

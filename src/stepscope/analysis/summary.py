@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import RunMeta, StepTable
+from ..schema import AnyArray, RunMeta, StepTable
 
 __all__ = ["Sheet", "summarize", "steady_mask", "WARMUP_SLOW_FACTOR", "WARMUP_MAX_FRAC"]
 
@@ -52,7 +52,7 @@ _PHASE_COLUMNS = {
 }
 
 
-def _rank_warmup(step_time: np.ndarray) -> int:
+def _rank_warmup(step_time: AnyArray) -> int:
     n = len(step_time)
     if n <= 2:
         return min(n - 1, 1) if n else 0
@@ -68,7 +68,7 @@ def _rank_warmup(step_time: np.ndarray) -> int:
     return k
 
 
-def steady_mask(table: StepTable) -> np.ndarray:
+def steady_mask(table: StepTable) -> AnyArray:
     """Boolean mask of steady-state rows (warm-up excluded per rank; see module doc)."""
     mask = np.zeros(len(table), dtype=bool)
     ranks = table["rank"]

@@ -67,7 +67,8 @@ class Block(nn.Module):
                    for z in (q, k, v))
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        out: torch.Tensor = x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return out
 
 
 class GPT(nn.Module):
@@ -97,7 +98,8 @@ class GPT(nn.Module):
         x = self.tok(idx) + self.pos(pos)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        logits: torch.Tensor = self.head(self.ln_f(x))
+        return logits
 
 
 def model_flops(cfg: GPTConfig, n_params: int) -> dict[str, Any]:
@@ -213,7 +215,7 @@ def _train_step(rec: Recorder, model: GPT, opt: torch.optim.Optimizer, x: torch.
             logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         with s.phase("backward"):
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
         with s.phase("optimizer"):
             gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip))
             for group in opt.param_groups:
