@@ -33,10 +33,10 @@ def write_run(path: Path, i: int, steps: int) -> None:
     params = (1e9, 7e9)[i % 2]
     # Step time that gives an MFU of 30-48% (6N FLOPs per token, H100 dense bf16 peak).
     step_s = batch * 2048 * 6 * params / (devices * 989e12 * (0.30 + 0.02 * (i % 10)))
-    t = itertools.count()  # the recorder reads the clock twice per step
+    t = itertools.count()  # the recorder reads the clock at each step's start and end
     rec = stepscope.Recorder(
         path, rank=0, background=False,
-        clock=lambda: next(t) * step_s / 2, wall_clock=lambda: 1.7e9,
+        clock=lambda: next(t) * step_s, wall_clock=lambda: 1.7e9,
         meta={"name": f"exp-{i:04d}", "baseline": {
             "model_name": ("gpt-1b", "gpt-7b")[i % 2], "num_params": params,
             "num_devices": devices, "device_kind": "NVIDIA H100 80GB HBM3",

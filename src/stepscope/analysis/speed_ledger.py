@@ -2,8 +2,9 @@
 
 Which steps count: the steady-state steps of ``summary.steady_mask`` (warm-up excluded),
 minus outlier steps (a step whose slowest rank has a modified z-score of step time above
-3.5; Iglewicz & Hoaglin, "How to Detect and Handle Outliers", 1993). Both exclusions are
-counted in the result, never silent.
+3.5; Iglewicz & Hoaglin, "How to Detect and Handle Outliers", 1993; when more than half
+the steps are identical, MAD is 0 and 1.2533 x the mean absolute deviation stands in).
+Both exclusions are counted in the result, never silent.
 
 The metrics use the formulas of ``summary.summarize`` (one definition of tokens/s, MFU and
 shares for every report): throughput is sum(tokens)/sum(step_time_s) per rank, summed over
@@ -51,6 +52,9 @@ OUTLIER_Z = 3.5
 # (sigma = MAD / 0.6745 = 1.4826 x MAD for normal data).
 _MAD_Z = 0.6745
 _MAD_SIGMA = 1.0 / _MAD_Z
+# When MAD is 0, sigma = 1.2533 x mean absolute deviation (sqrt(pi/2), the normal-data
+# ratio of sigma to the mean absolute deviation), the usual fallback of the modified z.
+_MEANAD_SIGMA = 1.2533
 # Smallest relative difference ever called a change. stepscope's default (the field report
 # gives none): below ~1% step-time medians of identical runs disagree even on a dedicated
 # accelerator. Pass ``min_effect_rel`` to change it.
@@ -86,11 +90,15 @@ class StepSample:
 
 
 def _outlier_steps(slowest: FloatArray) -> npt.NDArray[np.bool_]:
-    med = float(np.median(slowest))
-    mad = float(np.median(np.abs(slowest - med)))
-    if mad <= 0:  # more than half the steps identical: no spread to judge outliers by
+    dev = np.abs(slowest - float(np.median(slowest)))
+    mad = float(np.median(dev))
+    if mad > 0:
+        sigma = mad / _MAD_Z
+    else:  # over half the steps identical: the mean absolute deviation stands in
+        sigma = _MEANAD_SIGMA * float(np.mean(dev))
+    if sigma <= 0:  # every step identical: nothing is an outlier
         return np.zeros(slowest.shape, dtype=bool)
-    return np.asarray(_MAD_Z * np.abs(slowest - med) / mad > OUTLIER_Z)
+    return np.asarray(dev / sigma > OUTLIER_Z)
 
 
 def _matrix(table: StepTable, col: str, step_pos: npt.NDArray[np.int64],

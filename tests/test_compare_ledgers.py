@@ -1,0 +1,139 @@
+"""A/B verdicts on real runs: tiny torch models trained on the CPU (see compare_runs_support).
+
+One set of runs is trained once for the module: a baseline, the same configuration again
+(noise), a run with a starving loader (slowed), the global batch raised 16 -> 64 (one
+variable, the classic LR trap) and the global batch raised together with a new seed (two
+variables).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from compare_runs_support import Spec, train_interleaved
+from stepscope.analysis.compare import JSON_KEYS, Comparison, compare_runs
+from stepscope.cli import main
+from stepscope.cli.compare import load_for_compare
+
+pytestmark = pytest.mark.xdist_group("compare_torch_runs")
+STEPS = 50
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    specs = [Spec("base"), Spec("repeat"), Spec("slow", slow_s=0.004),
+             Spec("batch64", batch=64), Spec("two", batch=64, seed=1)]
+    return train_interleaved(tmp_path_factory.mktemp("ab"), specs, STEPS)
+
+
+def _compare(a: Path, b: Path, seed: int = 0) -> Comparison:
+    ta, ma, ea = load_for_compare(a)
+    tb, mb, eb = load_for_compare(b)
+    return compare_runs(ta, ma, tb, mb, ea, eb, seed=seed)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """The real entry point in-process: (exit status, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+def test_same_config_twice_is_no_significant_difference(runs: dict[str, Path]) -> None:
+    r = _compare(runs["base"], runs["repeat"])
+    assert r.differing == []
+    assert r.speed.verdict == "no significant difference"
+    assert r.speed.primary == "tokens_per_s"
+    # Same seed, same data: the loss curves are identical, so quality holds exactly.
+    loss = r.quality.metrics["train_loss"]
+    assert (loss.diff, loss.verdict, r.quality.verdict) == (0.0, "holds", "holds")
+    assert r.verdict == "not landed"
+
+
+def test_slowed_run_is_slower(runs: dict[str, Path]) -> None:
+    r = _compare(runs["base"], runs["slow"])
+    assert r.differing == []
+    assert r.speed.verdict == "slower"
+    m = r.speed.metrics
+    assert m["tokens_per_s"].change == "worse" and m["tokens_per_s"].ci_rel[1] < 0
+    assert m["step_time_s"].change == "worse"
+    assert m["data_wait_frac"].change == "worse"  # the loader is what got slow
+    assert r.verdict == "not landed"
+
+
+def test_removing_the_slowdown_lands(runs: dict[str, Path]) -> None:
+    r = _compare(runs["slow"], runs["base"])
+    assert (r.speed.verdict, r.quality.verdict, r.verdict) == ("faster", "holds", "landed")
+
+
+def test_one_variable_flags_the_batch_trap(runs: dict[str, Path]) -> None:
+    r = _compare(runs["base"], runs["batch64"])
+    assert [str(d) for d in r.independent] == ["global_batch 16\u219264"]
+    micro = next(d for d in r.differing if d.variable == "micro_batch")
+    assert micro.derived_from == "global_batch"
+    trap = r.differing[0].warning
+    assert trap is not None and "lr not scaled" in trap and "4x" in trap
+    assert r.quality.warnings == [trap]
+    assert r.verdict in ("landed", "not landed")
+    # Losses are matched on tokens (the big batch took 4x fewer steps per token).
+    assert "tokens" in r.quality.metrics["train_loss"].at
+
+
+def test_two_variables_are_invalid(runs: dict[str, Path]) -> None:
+    r = _compare(runs["base"], runs["two"])
+    assert [d.variable for d in r.independent] == ["global_batch", "seed"]
+    assert r.verdict == "invalid"
+    assert r.reasons[0].startswith("2 variables differ: global_batch 16\u219264, seed 0\u21921")
+    assert r.speed.metrics["tokens_per_s"].a is not None  # ledgers are still computed
+
+
+def test_json_keys_and_reproducible_bootstrap(runs: dict[str, Path]) -> None:
+    d1 = _compare(runs["base"], runs["repeat"], seed=7).to_dict()
+    d2 = _compare(runs["base"], runs["repeat"], seed=7).to_dict()
+    assert tuple(d1) == JSON_KEYS
+    assert d1 == d2
+    assert d1["speed"]["verdict"] == "no significant difference"
+    assert d1["quality"]["verdict"] == "holds"
+    assert set(d1["speed"]["tokens_per_s"]) >= {"a", "b", "diff", "ci", "ci_rel", "change"}
+
+
+def test_cli_compare_exit_codes_and_json(capsys: pytest.CaptureFixture[str],
+                                         runs: dict[str, Path]) -> None:
+    base, two, slow = str(runs["base"]), str(runs["two"]), str(runs["slow"])
+    code, out, _ = run_cli(capsys, "compare", base, two, "--json")
+    assert code == 1
+    assert orjson.loads(out)["verdict"] == "invalid"
+    assert run_cli(capsys, "compare", base, two, "--allow-multi")[0] == 0
+    code, out, _ = run_cli(capsys, "compare", base, slow)
+    assert code == 0 and "Speed ledger — slower" in out and "step time" in out
+    code, out, _ = run_cli(capsys, "compare", base, slow, "--markdown")
+    assert out.splitlines()[0] == "| config | step time (s) | comm share | tokens/s | MFU |"
+    code, _, err = run_cli(capsys, "compare", base, str(runs["base"].parent / "nope"))
+    assert code == 2 and err.startswith("stepscope: error:") and "does not exist" in err
+
+
+def test_eval_log_feeds_the_quality_ledger(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                           runs: dict[str, Path]) -> None:
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(runs["slow"], a)
+    shutil.copytree(runs["base"], b)
+    assert run_cli(capsys, "eval-log", str(a), "--step", "49", "--metric", "val_loss=2.50",
+                   "--metric", "val_acc=0.40")[0] == 0
+    code, out, _ = run_cli(capsys, "eval-log", str(b), "--step", "49", "--metric",
+                           "val_loss=2.60", "--metric", "val_acc=0.41", "--json")
+    assert code == 0
+    assert orjson.loads(out) == {"type": "eval", "step": 49,
+                                 "metrics": {"val_loss": 2.6, "val_acc": 0.41}}
+    r = _compare(a, b)
+    q = r.quality.metrics
+    assert (q["eval:val_loss"].verdict, q["eval:val_acc"].verdict) == ("regressed", "holds")
+    assert r.speed.verdict == "faster"
+    assert r.verdict == "not landed"  # faster, but validation loss regressed
+    code, _, err = run_cli(capsys, "eval-log", str(b), "--step", "3", "--metric", "val_loss")
+    assert code == 2 and "expected NAME=NUMBER" in err
