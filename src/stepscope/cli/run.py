@@ -1,5 +1,69 @@
-"""CLI commands of this area (registered on the `cli` group on import)."""
+"""``stepscope run``: zero-code instrumentation of a training command.
+
+Example::
+
+    stepscope run --out runs/exp1 -- python train.py --lr 3e-4
+    stepscope run --out runs/ddp --profile-steps 10:12 -- torchrun --nproc_per_node 2 train.py
+"""
 
 from __future__ import annotations
 
-from . import cli  # noqa: F401
+import json
+import sys
+
+import click
+
+from . import cli
+
+
+@cli.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Run directory (default: runs/<name>-<UTC timestamp>).")
+@click.option("--name", default="", help="Run name stored in run.json.")
+@click.option("--profile-steps", default=None, metavar="A:B",
+              help="Capture a torch.profiler trace of steps A..B-1 per rank into "
+                   "RUN/profiles/<UTC timestamp>/ and analyse it.")
+@click.option("--max-steps", type=int, default=0,
+              help="Stop the script cleanly after this many optimizer steps (0 = no limit).")
+@click.option("--tokens-per-step", type=float, default=None,
+              help="Tokens per step per rank, when the batch does not show them.")
+@click.option("--samples-per-step", type=float, default=None,
+              help="Samples per step per rank, when the batch does not show them.")
+@click.option("--cross-rank-every", type=int, default=None,
+              help="Steps between cross-rank gathers (default 20; 0 = off).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: int,
+            tokens_per_step: float | None, samples_per_step: float | None,
+            cross_rank_every: int | None, as_json: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND (after `--`) with per-step recording of every rank.
+
+    Works with `-- python train.py ...` and `-- torchrun ... train.py ...`; the script is
+    not modified. Exits with the command's exit status.
+    """
+    from ..integrations.launch import launch
+
+    env: dict[str, str] = {}
+    if max_steps:
+        env["STEPSCOPE_MAX_STEPS"] = str(max_steps)
+    if tokens_per_step is not None:
+        env["STEPSCOPE_TOKENS_PER_STEP"] = repr(tokens_per_step)
+    if samples_per_step is not None:
+        env["STEPSCOPE_SAMPLES_PER_STEP"] = repr(samples_per_step)
+    if cross_rank_every is not None:
+        env["STEPSCOPE_CROSS_RANK_EVERY"] = str(cross_rank_every)
+    outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env)
+    if as_json:
+        click.echo(json.dumps(outcome.to_dict(), default=str))
+    else:
+        line = f"stepscope: run {outcome.status}: {outcome.run_dir}"
+        if outcome.error:
+            line += f" ({outcome.error})"
+        click.echo(line, err=True)
+        if outcome.profile_dir is not None:
+            click.echo(f"stepscope: profile {outcome.profile_analysis.get('status')}: "
+                       f"{outcome.profile_dir}", err=True)
+    sys.exit(outcome.returncode if outcome.returncode >= 0 else 128 - outcome.returncode)

@@ -1,0 +1,41 @@
+"""``STEPSCOPE_REPLAY_DATA=1``: DataLoaders replay their first K real batches from memory.
+
+The isolation experiment of the field report (synthetic-data substitution, with real
+shapes): the first K batches each DataLoader produces are kept; after that every
+``next()`` returns one of them in turn without touching the dataset, workers or collate
+function, so the data pipeline's cost drops to ~0 while the model sees identical shapes.
+An epoch still ends after ``len(loader)`` batches (when the loader has a length).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Replay:
+    """Per-dataset cache of the first ``k`` batches (keyed by the dataset object's id)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = max(1, int(k))
+        self._cache: dict[int, list[Any]] = {}
+        self._pos: dict[int, int] = {}
+
+    def next(self, it: Any, orig_next: Any) -> Any:
+        key = id(getattr(it, "_dataset", it))
+        cached = self._cache.setdefault(key, [])
+        if len(cached) < self.k:
+            batch = orig_next(it)  # StopIteration passes through: short epoch
+            cached.append(batch)
+            return batch
+        try:
+            length = len(it)
+        except TypeError:  # IterableDataset without a length: replay forever
+            length = None
+        done = getattr(it, "_num_yielded", 0)
+        if length is not None and done >= length:
+            raise StopIteration
+        pos = self._pos.get(key, 0)
+        self._pos[key] = pos + 1
+        if hasattr(it, "_num_yielded"):
+            it._num_yielded = done + 1
+        return cached[pos % self.k]

@@ -1,0 +1,419 @@
+"""Per-process state of the zero-code instrumentation: the open step and its emission.
+
+The hooks in :mod:`._torch_hooks` only call the ``on_*`` methods here. A step's numbers are
+accumulated in a :class:`StepData`; at the step boundary (the primary optimizer's post-hook)
+the whole row is handed to the :class:`~stepscope.recorder.Recorder` at once, with the
+recorder's injected clock pinned to the step's measured start and end. A half-finished step
+(e.g. evaluation after the last optimizer step, or a crash) is therefore never written.
+
+On CUDA, rows are emitted one step late: loss, gradient norm, loss scale and the CUDA
+events of the communication timer are read once the device has finished them, so that no
+host synchronisation is added to any step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..recorder import Recorder
+from . import ddp
+
+_NAN = math.nan
+
+
+class PinClock:
+    """A clock that returns a pinned value while pinned (lets rows carry measured times)."""
+
+    __slots__ = ("_fn", "_pinned")
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+        self._pinned: float | None = None
+
+    def __call__(self) -> float:
+        p = self._pinned
+        return self._fn() if p is None else p
+
+    def pin(self, value: float | None) -> None:
+        self._pinned = value
+
+
+@dataclass
+class StepData:
+    """Everything measured for one optimizer step (seconds, counts, raw values)."""
+
+    t_start: float = _NAN
+    t_end: float = _NAN
+    wall_end: float = _NAN
+    data_wait: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    optimizer: float = 0.0
+    loader_batches: int = 0
+    loader_tokens: float = 0.0
+    loader_samples: float = 0.0
+    fwd_tokens: float = 0.0
+    fwd_samples: float = 0.0
+    micro: int = 0
+    losses: list[Any] = field(default_factory=list)
+    lr: float = _NAN
+    grad_norm: Any = None
+    loss_scale: Any = None
+    overflow: float = _NAN
+    mem: tuple[float, float] = (_NAN, _NAN)
+    comm: list[Any] = field(default_factory=list)
+    compute_end: Any = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def _scalar(value: Any) -> float:
+    if value is None:
+        return _NAN
+    try:
+        return float(value)
+    except Exception:
+        return _NAN
+
+
+class AutoState:
+    """The instrumented process: recorder (created lazily), open step, fingerprint."""
+
+    def __init__(self, settings: Any, torch: Any, clock: Any) -> None:
+        self.settings = settings
+        self.torch = torch
+        self.clock = clock
+        self.rec: Recorder | None = None
+        self.pin = PinClock(clock)
+        self.pin_wall = PinClock(time.time)
+        self.cur = StepData()
+        self.open = False
+        self.step_index = 0
+        self.pending: list[StepData] = []
+        self.depth = 0
+        self.stack: list[bool] = []
+        self.t_fwd0 = 0.0
+        self.in_backward = False
+        self.primary: Any = None  # weakref to the optimizer whose steps are boundaries
+        self.t_opt0 = 0.0
+        self.clip_norm: Any = None
+        self.scaled: dict[int, Any] = {}
+        self.scaler: Any = None
+        self.param_cache: dict[int, bool] = {}
+        self.device: Any = None
+        self.cuda = False
+        self.mem_probe: Any = None
+        self.baseline: dict[str, Any] = {}
+        self.config: dict[str, Any] = {}
+        self.notes: dict[str, str] = {}
+        self.failures = 0
+        self.closed = False
+        self.lock = threading.Lock()
+        self.comm = ddp.CommTimer(clock=clock, wall=time.time)
+        self.cross: ddp.CrossRank | None = None
+        self.profiler: Any = None
+        self.rank = _env_rank()
+        self.first_micro = 0
+        self.saw_loader = False
+        self.last_comm: ddp.CommStep | None = None
+
+    # -- robustness --------------------------------------------------------------------
+    def failed(self, where: str, exc: BaseException) -> None:
+        """Count a failure inside a hook; warn once. Training carries on unmeasured."""
+        self.failures += 1
+        if self.failures == 1:
+            warnings.warn(f"stepscope: {where} failed ({type(exc).__name__}: {exc}); "
+                          "training continues, this measurement may be incomplete",
+                          RuntimeWarning, stacklevel=3)
+
+    # -- step bookkeeping ----------------------------------------------------------------
+    def activity(self) -> None:
+        """Something of a training step happened: make sure a step (and recorder) is open."""
+        if self.open:
+            return
+        if self.rec is None:
+            self._create_recorder()
+        if math.isnan(self.cur.t_start):
+            self.cur.t_start = self.clock()
+        self.open = True
+
+    def _create_recorder(self) -> None:
+        env: dict[str, Any] = {}
+        meta: dict[str, Any] = {"environment": env, "config": {"instrumentation": "auto"}}
+        if self.settings.name:
+            meta["name"] = self.settings.name
+        self.rec = Recorder(self.settings.run_dir, meta=meta, rank=self.rank,
+                            clock=self.pin, wall_clock=self.pin_wall)
+
+    def on_batch(self, batch: Any, seconds: float) -> None:
+        from .torch import batch_counts
+
+        self.activity()
+        d = self.cur
+        d.data_wait += seconds
+        d.loader_batches += 1
+        tokens, samples = batch_counts(batch)
+        if not math.isnan(tokens):
+            d.loader_tokens += tokens
+        if not math.isnan(samples):
+            d.loader_samples += samples
+        if "batch_shape" not in self.baseline:
+            self._note_batch(batch, tokens, samples)
+
+    def _note_batch(self, batch: Any, tokens: float, samples: float) -> None:
+        self.baseline["batch_shape"] = _shape_of(batch, self.torch)
+        if not math.isnan(samples):
+            self.baseline.setdefault("micro_batch", int(samples))
+        if not math.isnan(tokens) and samples:
+            self.baseline.setdefault("seq_len", int(tokens // samples))
+
+    def on_forward_root(self, module: Any, args: Any) -> None:
+        """The outermost module call of a forward pass starts (autograd enabled)."""
+        self.activity()
+        self.t_fwd0 = self.clock()
+        key = id(module)
+        has_params = self.param_cache.get(key)
+        if has_params is None:
+            has_params = any(True for _ in module.parameters())
+            self.param_cache[key] = has_params
+            if has_params:
+                self._first_model(module)
+        if has_params:
+            from .torch import batch_counts
+
+            tokens, samples = batch_counts(args)
+            if not math.isnan(tokens):  # token ids seen: count them and their samples
+                self.cur.fwd_tokens += tokens
+                self.cur.fwd_samples += samples
+                if "model_input_shape" not in self.baseline:
+                    self.baseline["model_input_shape"] = _shape_of(args, self.torch)
+                    self.baseline["micro_batch"] = int(samples)
+                    self.baseline["seq_len"] = int(tokens // samples)
+
+    def on_forward_root_end(self) -> None:
+        self.cur.forward += self.clock() - self.t_fwd0
+
+    def _first_model(self, module: Any) -> None:
+        from . import _torch_meta
+
+        _torch_meta.note_model(self, module)
+
+    def on_backward(self, tensor: Any, seconds: float) -> None:
+        d = self.cur
+        d.backward += seconds
+        d.micro += 1
+        try:
+            if tensor is not None and tensor.numel() == 1:
+                src = self.scaled.get(id(tensor))
+                d.losses.append((src if src is not None else tensor).detach())
+        except Exception as exc:
+            self.failed("loss capture", exc)
+        if self.comm.compute_end is not None:
+            d.compute_end = self.comm.compute_end
+            self.comm.compute_end = None
+
+    def on_optimizer_pre(self, opt: Any) -> bool:
+        """Returns True when ``opt`` is the primary optimizer (its steps are boundaries)."""
+        if self.primary is None:
+            self.primary = weakref.ref(opt)
+            from . import _torch_meta
+
+            _torch_meta.note_optimizer(self, opt)
+        if self.primary() is not opt:
+            return False
+        self.activity()
+        d = self.cur
+        groups = opt.param_groups
+        if groups:
+            d.lr = _scalar(groups[0].get("lr"))
+        if self.clip_norm is not None:
+            d.grad_norm = self.clip_norm
+        elif self.settings.grad_norm_every and \
+                self.step_index % self.settings.grad_norm_every == 0:
+            d.grad_norm = _grad_norm_tensor(self.torch, groups)
+        self.t_opt0 = self.clock()
+        return True
+
+    def on_optimizer_post(self, seconds: float) -> None:
+        self.cur.optimizer += seconds
+        self.boundary()
+
+    def boundary(self, overflow: bool = False) -> None:
+        """Close the current step: measure its end, queue it, open the next one."""
+        d = self.cur
+        t_end = self.clock()
+        if math.isnan(d.t_start):
+            d.t_start = t_end
+        d.t_end = t_end
+        d.wall_end = time.time()
+        d.overflow = 1.0 if overflow else 0.0
+        if self.scaler is not None:
+            d.loss_scale = _scale_of(self.scaler)
+        if self.mem_probe is not None:
+            d.mem = self.mem_probe()
+        d.comm = self.comm.take()
+        if d.compute_end is None:
+            d.compute_end = self.comm.compute_end
+        self.comm.compute_end = None
+        if self.step_index == 0:
+            self.first_micro = d.micro
+        self.pending.append(d)
+        self.cur = StepData(t_start=t_end)
+        self.clip_norm = None
+        self.scaled.clear()
+        self.open = False
+        self.step_index += 1
+        self.flush(block=False)
+        from . import _torch_meta
+
+        _torch_meta.after_boundary(self)
+        # The next step starts after stepscope's own work (emission, the first step's
+        # run.json write, cross-rank gathers), so that none of it is billed to training.
+        self.cur.t_start = self.clock()
+
+    # -- emission ------------------------------------------------------------------------
+    def flush(self, block: bool) -> None:
+        """Emit queued steps whose device values are ready (all of them when ``block``)."""
+        while self.pending:
+            d = self.pending[0]
+            ready = not self.cuda or block or len(self.pending) > 2 or ddp.is_complete(d.comm)
+            if not ready:
+                return
+            if self.cuda and not ddp.is_complete(d.comm):
+                self.torch.cuda.synchronize()
+            self.pending.pop(0)
+            try:
+                self._emit(d)
+            except Exception as exc:
+                self.failed("step emission", exc)
+
+    def _emit(self, d: StepData) -> None:
+        rec = self.rec
+        if rec is None:
+            return
+        s = self.settings
+        # The model's own inputs when they show token ids (exact: a script that slices
+        # targets off the batch feeds fewer tokens than the loader produced), else the
+        # DataLoader batches drawn during the step.
+        use_fwd = d.fwd_tokens > 0 or not d.loader_batches
+        tokens = d.fwd_tokens if use_fwd else d.loader_tokens
+        samples = d.fwd_samples if use_fwd else d.loader_samples
+        if not math.isnan(s.tokens_per_step):
+            tokens = s.tokens_per_step
+        if not math.isnan(s.samples_per_step):
+            samples = s.samples_per_step
+        comm = ddp.summarize_comm(d.comm, d.compute_end)
+        exposed = 0.0 if math.isnan(comm.exposed_s) else comm.exposed_s
+        values = self._values(d, comm)
+        self.pin.pin(d.t_start)
+        self.pin_wall.pin(d.wall_end)
+        try:
+            rec.start_step(tokens=tokens or _NAN, samples=samples or _NAN)
+            if self.saw_loader:  # without a DataLoader the wait is unknown, not zero
+                rec.add_time("data_wait", d.data_wait)
+            rec.add_time("forward", d.forward)
+            rec.add_time("backward", max(0.0, d.backward - exposed))
+            rec.add_time("optimizer", d.optimizer)
+            rec.log(**values)
+            self.pin.pin(d.t_end)
+            rec.end_step()
+        finally:
+            self.pin.pin(None)
+            self.pin_wall.pin(None)
+        if self.cross is not None:
+            self.cross.add(_cross_row(d, comm, exposed))
+        self.last_comm = comm
+
+    def _values(self, d: StepData, comm: ddp.CommStep) -> dict[str, float]:
+        loss = sum(_scalar(x) for x in d.losses) if d.losses else _NAN
+        values: dict[str, float] = {
+            "loss": loss, "lr": d.lr, "grad_norm": _scalar(d.grad_norm),
+            "loss_scale": _scalar(d.loss_scale), "overflow": d.overflow,
+            "mem_peak_bytes": d.mem[0], "mem_alloc_bytes": d.mem[1],
+            "micro_batches": float(d.micro),
+        }
+        if not math.isnan(comm.total_s):
+            values["comm_s"] = comm.total_s
+            values["comm_exposed_s"] = comm.exposed_s
+            for kind, secs in comm.by_kind_s.items():
+                values[f"comm_{kind}_s"] = secs
+            if comm.buckets:
+                values["comm_buckets"] = float(comm.buckets)
+                values["comm_buckets_overlapped"] = float(comm.overlapped_buckets)
+        values.update(d.extra)
+        return {k: v for k, v in values.items() if not math.isnan(v)}
+
+    # -- end of the process ----------------------------------------------------------------
+    def close(self, status: str = "finished", error: str | None = None) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+        from . import _torch_meta
+
+        _torch_meta.stop_profiler(self)
+        self.flush(block=True)
+        rec = self.rec
+        if rec is None:
+            return
+        _torch_meta.write_summary(self, status, error)
+        rec.close(status=status, error=error)
+
+
+def _env_rank() -> int:
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        v = os.environ.get(var, "").strip()
+        if v.isdigit():
+            return int(v)
+    return 0
+
+
+def _grad_norm_tensor(torch: Any, groups: Any) -> Any:
+    """Global L2 norm of all gradients as a 0-d tensor (no host sync; read later)."""
+    grads = [p.grad for g in groups for p in g["params"] if p.grad is not None]
+    if not grads:
+        return None
+    norms = torch._foreach_norm(grads, 2.0)
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)
+
+
+def _scale_of(scaler: Any) -> Any:
+    try:
+        if not scaler.is_enabled():
+            return None
+        scale = getattr(scaler, "_scale", None)  # device tensor: read later, no sync now
+        return scale.detach().clone() if scale is not None else scaler.get_scale()
+    except Exception:
+        return None
+
+
+def _shape_of(obj: Any, torch: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return list(obj.shape)
+    if isinstance(obj, dict):
+        return {str(k): _shape_of(v, torch) for k, v in list(obj.items())[:8]}
+    if isinstance(obj, (list, tuple)):
+        return [_shape_of(v, torch) for v in list(obj)[:8]]
+    return type(obj).__name__
+
+
+def _cross_row(d: StepData, comm: ddp.CommStep, exposed: float) -> dict[str, float]:
+    total = _NAN if math.isnan(comm.total_s) else comm.total_s
+    return {
+        "step_time_s": d.t_end - d.t_start, "data_wait_s": d.data_wait,
+        "forward_s": d.forward, "backward_s": max(0.0, d.backward - exposed),
+        "optimizer_s": d.optimizer, "comm_s": total, "comm_exposed_s": exposed,
+        "compute_s": d.forward + max(0.0, d.backward - exposed) + d.optimizer,
+    }
+
+
+def median_or_nan(values: list[float]) -> float:
+    good = [v for v in values if not math.isnan(v)]
+    return statistics.median(good) if good else _NAN

@@ -1,0 +1,174 @@
+"""`stepscope run` on unmodified single-process PyTorch scripts (real torch on CPU).
+
+Each test launches a fixture script from tests/scripts/ under `stepscope run` and checks
+the run directory against what the script itself printed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from stepscope.store import RunDir
+from torch_run_support import interval_errors, printed_times, python_script, stepscope_run
+
+pytestmark = pytest.mark.xdist_group("torch_run")
+
+
+def test_plain_loop_step_table_matches_script_timestamps(tmp_path):
+    out = tmp_path / "plain"
+    proc = stepscope_run(out, *python_script("torch_plain.py", "--steps", "12"))
+    assert proc.returncode == 0, proc.stderr
+    table, stats = RunDir(out).read_steps()
+    assert stats.skipped == 0
+    assert table["step"].tolist() == list(range(12))
+    assert table["rank"].tolist() == [0] * 12
+    errs = interval_errors(table["step_time_s"], table["step"], printed_times(proc.stdout))
+    assert len(errs) == 11 and errs.max() < 0.05, errs
+    for col in ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "loss", "lr",
+                "grad_norm", "mem_peak_bytes"):
+        assert np.isfinite(table[col]).all(), col
+    # the model sees batch[:, :-1]: 16 samples x 128 tokens per step
+    assert table["tokens"].tolist() == [16 * 128.0] * 12
+    assert table["samples"].tolist() == [16.0] * 12
+    assert table["lr"].tolist() == [1e-3] * 12
+    losses = [float(line.split("loss=")[1]) for line in proc.stdout.splitlines()]
+    assert np.allclose(table["loss"], losses, atol=1e-6)
+    phases = table["data_wait_s"] + table["forward_s"] + table["backward_s"] \
+        + table["optimizer_s"]
+    assert (phases <= table["step_time_s"] * 1.0001).all()
+
+
+def test_plain_loop_run_json_fingerprint(tmp_path):
+    out = tmp_path / "plain"
+    proc = stepscope_run(out, *python_script("torch_plain.py", "--steps", "3"),
+                         args=("--name", "fp"))
+    assert proc.returncode == 0, proc.stderr
+    meta = RunDir(out).read_meta()
+    assert meta.status == "finished" and meta.error is None
+    b = meta.baseline
+    # Embedding 128x128 + Linear 128->512 + Linear 512->128 + Linear 128->128
+    assert b["num_params"] == 128 * 128 + (128 * 512 + 512) + (512 * 128 + 128) \
+        + (128 * 128 + 128)
+    assert len(b["model_structure_hash"]) == 16
+    assert b["num_devices"] == 1 and b["device_kind"] == "cpu"
+    assert b["micro_batch"] == 16 and b["seq_len"] == 128 and b["grad_accum"] == 1
+    assert b["batch_shape"] == [[16, 129]]
+    assert b["optimizer"] == "AdamW" and b["lr"] == 1e-3 and b["weight_decay"] == 0.1
+    assert b["optimizer_hparams"]["betas"] == [0.9, 0.999]
+    assert b["precision"] == "fp32" and b["seed"] == 1234
+    env = meta.environment
+    assert env["framework"] == "torch" and env["framework_version"].startswith("2.")
+    assert env["flops_per_token"] == 6 * b["num_params"]
+    assert meta.config["missing"] == []
+    assert meta.name == "fp" and meta.command[1].endswith("torch_plain.py")
+
+
+def test_grad_accumulation_four_micro_batches_per_step(tmp_path):
+    out = tmp_path / "accum"
+    proc = stepscope_run(out, *python_script("torch_accum.py", "--steps", "5"))
+    assert proc.returncode == 0, proc.stderr
+    table, _ = RunDir(out).read_steps()
+    assert len(table) == 5
+    assert table["tokens"].tolist() == [4 * 4 * 32.0] * 5  # 4 micro-batches of 4 x 32
+    assert table["samples"].tolist() == [16.0] * 5
+    assert table["micro_batches"].tolist() == [4.0] * 5
+    assert not table.has_data("data_wait_s")  # no DataLoader: unknown, not zero
+    errs = interval_errors(table["step_time_s"], table["step"], printed_times(proc.stdout))
+    assert errs.max() < 0.05, errs
+    meta = RunDir(out).read_meta()
+    assert meta.baseline["grad_accum"] == 4 and meta.baseline["seed"] == 7
+    assert meta.baseline["optimizer_hparams"]["momentum"] == 0.9
+    events, _ = RunDir(out).read_events(type="finding")
+    assert [e["message"].split(":")[0] for e in events] == ["no data wait recorded"]
+
+
+def test_slow_collate_shows_as_data_wait_and_replay_removes_it(tmp_path):
+    slow = tmp_path / "slow"
+    proc = stepscope_run(slow, *python_script("torch_slow_collate.py", "--steps", "6"))
+    assert proc.returncode == 0, proc.stderr
+    table, _ = RunDir(slow).read_steps()
+    assert len(table) == 6
+    assert (table["data_wait_s"] >= 0.050).all()
+    share = table["data_wait_s"].sum() / table["step_time_s"].sum()
+    assert share > 0.5
+    errs = interval_errors(table["step_time_s"], table["step"], printed_times(proc.stdout))
+    assert errs.max() < 0.05, errs
+
+    replay = tmp_path / "replay"
+    proc = stepscope_run(replay, *python_script("torch_slow_collate.py", "--steps", "6"),
+                         env={"STEPSCOPE_REPLAY_DATA": "1", "STEPSCOPE_REPLAY_BATCHES": "2"})
+    assert proc.returncode == 0, proc.stderr
+    t2, _ = RunDir(replay).read_steps()
+    assert len(t2) == 6  # the epoch still ends after len(loader) batches
+    assert (t2["data_wait_s"][:2] >= 0.050).all()  # the two real batches
+    assert (t2["data_wait_s"][2:] < 0.010).all()  # replayed from memory
+    assert t2["tokens"].tolist() == table["tokens"].tolist()  # identical shapes
+    assert "modified_by_data" in RunDir(replay).read_meta().config
+
+
+def test_crash_keeps_records_and_marks_run_failed(tmp_path):
+    out = tmp_path / "crash"
+    proc = stepscope_run(out, *python_script("torch_crash.py"))
+    assert proc.returncode == 1
+    assert "ValueError: corrupt shard 17" in proc.stderr  # the script's traceback is intact
+    table, _ = RunDir(out).read_steps()
+    assert table["step"].tolist() == [0, 1, 2, 3, 4]
+    meta = RunDir(out).read_meta()
+    assert meta.status == "failed"
+    assert meta.error == "ValueError: corrupt shard 17"
+
+
+def test_max_steps_stops_cleanly(tmp_path):
+    out = tmp_path / "max"
+    proc = stepscope_run(out, *python_script("torch_plain.py", "--steps", "12"),
+                         args=("--max-steps", "4"))
+    assert proc.returncode == 0, proc.stderr
+    table, _ = RunDir(out).read_steps()
+    assert table["step"].tolist() == [0, 1, 2, 3]
+    meta = RunDir(out).read_meta()
+    assert meta.status == "finished"
+    assert meta.config["stopped_by"] == "STEPSCOPE_MAX_STEPS=4"
+    # SystemExit leaves optimizer.step() of step 3, before the script's own print
+    assert "STEP 2 " in proc.stdout and "STEP 3 " not in proc.stdout
+
+
+def test_profile_steps_archives_a_trace(tmp_path):
+    out = tmp_path / "prof"
+    proc = stepscope_run(out, *python_script("torch_plain.py", "--steps", "6"),
+                         args=("--profile-steps", "2:4", "--json"))
+    assert proc.returncode == 0, proc.stderr
+    dirs = RunDir(out).profile_dirs()
+    assert len(dirs) == 1
+    trace = dirs[0] / "rank-00000.pt.trace.json"
+    assert trace.is_file()
+    text = trace.read_text()
+    assert "ProfilerStep#2" in text and "ProfilerStep#3" in text
+    assert "ProfilerStep#4" not in text and "ProfilerStep#1" not in text
+    table, _ = RunDir(out).read_steps()
+    assert len(table) == 6
+
+
+def test_bad_profile_steps_is_a_one_line_error(tmp_path):
+    proc = stepscope_run(tmp_path / "bad", *python_script("torch_plain.py"),
+                         args=("--profile-steps", "5:2"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("stepscope: error: --profile-steps")
+    assert "Traceback" not in proc.stderr
+
+
+def test_script_without_optimizer_says_what_is_missing(tmp_path):
+    script = tmp_path / "no_opt.py"
+    script.write_text("import torch\nm = torch.nn.Linear(2, 2)\n"
+                      "for _ in range(3):\n    m(torch.ones(1, 2)).sum().backward()\n")
+    out = tmp_path / "noopt"
+    import sys
+    proc = stepscope_run(out, sys.executable, str(script))
+    assert proc.returncode == 0, proc.stderr
+    meta = RunDir(out).read_meta()
+    assert meta.status == "finished"
+    table, _ = RunDir(out).read_steps()
+    assert len(table) == 0
+    assert not math.isnan(len(table))
