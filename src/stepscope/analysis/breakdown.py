@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..schema import EventTable
 from ..traces.kineto import COMM_LOOKED_FOR
 from .ops import OpRow, op_totals
-from .overlap import Temporal, exact_temporal, hta_temporal
+from .overlap import Temporal, exact_temporal, hta_temporal, step_table
 from .steps import BAR_PHASES, StepRow, step_rows
 
 __all__ = ["TraceReport", "RankReport", "RankComparison", "analyze", "parse_steps",
@@ -148,7 +148,7 @@ def _select_steps(tables: Sequence[EventTable],
         return None
     if isinstance(steps, tuple) and len(steps) == 2:  # a range; sets/lists are numbers
         lo, hi = steps
-        known = {int(k) for t in tables for k in (t.meta.get("steps") or {})}
+        known = {int(k) for t in tables for k in step_table(t)}
         return {k for k in known if (lo is None or k >= lo) and (hi is None or k <= hi)}
     return {int(s) for s in steps if s is not None}
 
@@ -174,7 +174,7 @@ def analyze(tables: Sequence[EventTable], hta_compatible: bool = False,
     warnings: list[str] = []
     if chosen is not None and not chosen:
         warnings.append(f"--steps selects no ProfilerStep of this trace (has: "
-                        f"{sorted({int(k) for t in tables for k in t.meta.get('steps', {})})})")
+                        f"{sorted({int(k) for t in tables for k in step_table(t)})})")
     ps_names = {n for t in tables for n in t.names if "ProfilerStep" in n}
     ranks: dict[int, RankReport] = {}
     for i, t in enumerate(tables):
@@ -206,9 +206,12 @@ def _rank_warnings(rank: int, t: EventTable, rep: RankReport) -> list[str]:
     out = []
     if rep.temporal is None or rep.temporal.comm_us <= 0:
         out.append(f"rank {rank}: {NO_COMM_MESSAGE}")
-    if not t.meta.get("steps"):
+    if not rep.steps and not step_table(t):
         out.append(f"rank {rank}: no ProfilerStep#N markers; no per-step rows (profile "
                    "with a schedule and call prof.step() each iteration)")
+    for key in ("step_source", "phase_source"):
+        if t.meta.get(key):
+            out.append(f"rank {rank}: {key.replace('_', ' ')}: {t.meta[key]}")
     inferred = sorted({r.step for r in rep.steps if r.backward_source == "autograd events"})
     if inferred:
         out.append(f"rank {rank}: no backward annotation in steps {inferred}; backward "

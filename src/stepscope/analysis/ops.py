@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..schema import EVENT_KINDS, EventTable
-from .overlap import device_mask, host_compute_mask
+from .overlap import device_mask, host_compute_mask, step_table
 
 __all__ = ["OpRow", "op_totals", "top_ops", "self_times"]
 
@@ -109,7 +109,7 @@ def op_totals(tables: Sequence[EventTable], steps: Collection[int] | None = None
                        "device", acc)
         else:
             m = host_compute_mask(t)
-            if t.meta.get("steps"):
+            if step_table(t):
                 m &= (t.step >= 0) if steps is None else np.isin(t.step, list(steps))
             rows = np.flatnonzero(m)
             _aggregate(t.names, t.name[rows], t.dur_us[rows], self_times(t, rows),

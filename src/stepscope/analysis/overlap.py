@@ -38,7 +38,8 @@ import numpy.typing as npt
 from ..schema import EVENT_KINDS, EventTable
 from . import intervals as iv
 
-__all__ = ["Temporal", "exact_temporal", "hta_temporal", "host_compute_mask"]
+__all__ = ["Temporal", "exact_temporal", "hta_temporal", "host_compute_mask", "step_table",
+           "device_mask", "step_window"]
 
 # HTA 0.5.0 hta/utils/utils.py name rules (re.match, i.e. anchored at the start).
 HTA_COMM_RE = re.compile(r"^nccl.*Kernel")
@@ -165,13 +166,31 @@ def _ends(t: EventTable) -> np.ndarray:
     return t.start_us + np.maximum(t.dur_us, 0.0)
 
 
+def step_table(t: EventTable) -> dict[int, tuple[float, float]]:
+    """{step number: (start_us, dur_us)}: the Kineto reader's ``meta["steps"]``, else the
+    table's ``step`` kind rows (e.g. MindSpore's inferred ``Step#N`` markers)."""
+    steps = t.meta.get("steps")
+    if isinstance(steps, dict) and steps:
+        return {int(k): (float(v[0]), float(v[1])) for k, v in steps.items()}
+    rows = np.flatnonzero(t.kind == EVENT_KINDS.index("step"))
+    out: dict[int, tuple[float, float]] = {}
+    for i in rows.tolist():
+        num = int(t.step[i])
+        if num < 0:
+            m = re.search(r"(\d+)\s*$", t.names[int(t.name[i])])
+            num = int(m.group(1)) if m else -1
+        if num >= 0:
+            out[num] = (float(t.start_us[i]), float(t.dur_us[i]))
+    return out
+
+
 def device_mask(t: EventTable, steps: Collection[int] | None) -> npt.NDArray[np.bool_]:
     """Device work rows (kernels, memcpy/memset) in whole selected steps."""
     on_dev = t.extra.get("on_device")
     mask = np.isin(t.kind, _DEVICE_WORK)
     if on_dev is not None:
         mask &= on_dev.astype(bool)
-    if t.meta.get("steps"):
+    if step_table(t):
         mask &= (t.step >= 0) if steps is None else np.isin(t.step, list(steps))
     return mask
 
@@ -195,7 +214,7 @@ def host_compute_mask(t: EventTable) -> npt.NDArray[np.bool_]:
 
 def step_window(t: EventTable, steps: Collection[int] | None) -> iv.Intervals:
     """Union of the selected ProfilerStep intervals (all events' span if no steps)."""
-    table = t.meta.get("steps") or {}
+    table = step_table(t)
     chosen = [(s, s + d) for k, (s, d) in table.items() if steps is None or int(k) in steps]
     if chosen:
         a = np.array(chosen, dtype=np.float64)
@@ -210,7 +229,7 @@ def exact_temporal(t: EventTable, steps: Collection[int] | None = None) -> Tempo
     end = _ends(t)
     dev = device_mask(t, steps)
     comm_k, comp_k = EVENT_KINDS.index("comm"), EVENT_KINDS.index("compute")
-    if dev.any():
+    if dev.any() and t.meta.get("device") != "cpu":
         busy = iv.union(t.start_us[dev], end[dev])
         span = float(busy[1][-1] - busy[0][0])
         comp = iv.union(t.start_us[dev & (t.kind == comp_k)], end[dev & (t.kind == comp_k)])

@@ -29,18 +29,20 @@ import numpy as np
 
 from ..schema import EVENT_KINDS, EventTable
 from . import intervals as iv
-from .overlap import device_mask, host_compute_mask
+from .overlap import device_mask, host_compute_mask, step_table
 
 __all__ = ["StepRow", "PHASE_RULES", "BAR_PHASES", "step_rows"]
 
 # Annotation name -> phase. Sources: stepscope's own record_function names, torch's
 # DistributedDataParallel.forward / Optimizer.step#X.step / Optimizer.zero_grad#X.zero_grad
-# record functions, and the "## name ##" convention of Meta's trainers (HTA test traces).
+# record functions, the "## name ##" convention of Meta's trainers (HTA test traces), and
+# bare phase names (the MindSpore reader's inferred phase rows).
 PHASE_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("forward", re.compile(r"stepscope\.forward$|## forward\b|DistributedDataParallel"
-                           r"\.forward$|FullyShardedDataParallel\.forward$")),
-    ("backward", re.compile(r"stepscope\.backward$|## backward\b")),
-    ("optimizer", re.compile(r"stepscope\.optimizer$|Optimizer\.(step|zero_grad)#|"
+    ("forward", re.compile(r"^forward$|stepscope\.forward$|## forward\b|"
+                           r"DistributedDataParallel\.forward$|"
+                           r"FullyShardedDataParallel\.forward$")),
+    ("backward", re.compile(r"^backward$|stepscope\.backward$|## backward\b")),
+    ("optimizer", re.compile(r"^optimizer$|stepscope\.optimizer$|Optimizer\.(step|zero_grad)#|"
                              r"## (optimizer|zero_grad) ##")),
 )
 AUTOGRAD_PREFIX = "autograd::engine::evaluate_function:"
@@ -99,7 +101,7 @@ def _activity(t: EventTable, end: np.ndarray, steps: Collection[int] | None
     """(compute, comm, busy) interval sets: device view if the trace has device work."""
     comm_k, comp_k = EVENT_KINDS.index("comm"), EVENT_KINDS.index("compute")
     dev = device_mask(t, None)
-    if dev.any():
+    if dev.any() and t.meta.get("device") != "cpu":
         comp = _union_mask(t, dev & (t.kind == comp_k), end)
         comm = _union_mask(t, dev & (t.kind == comm_k), end)
         return comp, comm, _union_mask(t, dev, end)
@@ -110,7 +112,7 @@ def _activity(t: EventTable, end: np.ndarray, steps: Collection[int] | None
 
 def step_rows(t: EventTable, steps: Collection[int] | None = None) -> list[StepRow]:
     """Per-step breakdown of one rank (only steps in ``steps`` when given)."""
-    table = t.meta.get("steps") or {}
+    table = step_table(t)
     if not table:
         return []
     end = t.start_us + np.maximum(t.dur_us, 0.0)
