@@ -60,6 +60,7 @@ __all__ = [
     "mfu",
     "hfu",
     "tokens_per_s_from_step",
+    "profiler_flops_per_s",
 ]
 
 CONVENTIONS = ("palm", "megatron", "megatron-2022", "torchtitan", "6n")
@@ -254,6 +255,24 @@ def tokens_per_s_from_step(step_time_s: float, seq_len: int, global_batch: int |
         global_batch = micro_batch * grad_accum * dp
     _check_positive(step_time_s=step_time_s, seq_len=seq_len, global_batch=global_batch)
     return global_batch * seq_len / step_time_s
+
+
+def profiler_flops_per_s(fwd_flops: float, fwd_latency_s: float, bwd_latency_s: float,
+                         recompute_fwd_factor: float = 0.0) -> dict[str, float]:
+    """Achieved FLOP/s from a measured forward, DeepSpeed flops-profiler style.
+
+    Backward = 2x forward FLOPs (+ r forwards recomputed), so fwd+bwd = (3 + r) x forward
+    (DeepSpeed docs/_tutorials/flops-profiler.md, ``recompute_fwd_factor``).
+
+    Example: profiler_flops_per_s(6279.86e9, 0.07667, 0.10802)["fwd_bwd_flops_per_s"]
+    = 102.0e12 (the BERT-large example of that page).
+    """
+    _check_positive(fwd_flops=fwd_flops, fwd_latency_s=fwd_latency_s,
+                    bwd_latency_s=bwd_latency_s)
+    r = recompute_fwd_factor
+    return {"fwd_flops_per_s": fwd_flops / fwd_latency_s,
+            "bwd_flops_per_s": (2.0 + r) * fwd_flops / bwd_latency_s,
+            "fwd_bwd_flops_per_s": (3.0 + r) * fwd_flops / (fwd_latency_s + bwd_latency_s)}
 
 
 def _check_positive(**values: float) -> None:

@@ -36,13 +36,14 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import ConfigError
 from .activations import stage_activations
 from .model import ModelSpec
 
 __all__ = ["MemoryEstimate", "MEMORY_CONVENTIONS", "estimate", "model_states",
-           "check_layout", "deepspeed_estimate"]
+           "check_layout", "deepspeed_estimate", "estimate_memory"]
 
 MEMORY_CONVENTIONS = ("zero", "megatron", "deepspeed", "deepspeed-legacy")
 _OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
@@ -209,6 +210,16 @@ def estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1
     else:
         notes.append("activations not estimated: give --layers --hidden --seq-len (and --vocab)")
     return _result(w, g, o, act, host, per_dev, convention, breakdown, notes)
+
+
+def estimate_memory(num_params: float, dp: int = 1, zero_stage: int = 0,
+                    **kwargs: Any) -> MemoryEstimate:
+    """Model states per device from a parameter count alone (keyword form of :func:`estimate`).
+
+    Example: ``estimate_memory(num_params=7e9, dp=8, zero_stage=3).model_states_bytes``
+    = 14.0e9 (16 Psi / 8).
+    """
+    return estimate(None, params=num_params, dp=dp, zero=zero_stage, **kwargs)
 
 
 def _result(w: float, g: float, o: float, act: float, host: float, per_dev: float,

@@ -86,6 +86,8 @@ def _model_options(func: F) -> F:
         click.option("--moe-experts", type=COUNT, default=0, help="Routed experts (0: dense)."),
         click.option("--moe-top-k", type=COUNT, default=1, help="Experts per token."),
         click.option("--moe-shared-experts", type=COUNT, default=0, help="Shared experts."),
+        click.option("--position-embeddings", type=COUNT, default=0,
+                     help="Rows of a learned position table (GPT-2: the context length)."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -96,7 +98,7 @@ def _spec(kw: dict[str, Any], need_shape: bool = True) -> ModelSpec | None:
     """Build the ModelSpec from the model flags (pops them from ``kw``)."""
     keys = ("params", "layers", "hidden", "seq_len", "heads", "head_dim", "kv_heads",
             "ffn_hidden", "vocab", "swiglu", "tied_embeddings", "moe_experts", "moe_top_k",
-            "moe_shared_experts")
+            "moe_shared_experts", "position_embeddings")
     args = {k: kw.pop(k) for k in keys}
     missing = [k for k in ("layers", "hidden", "seq_len") if args[k] is None]
     if missing:
