@@ -27,7 +27,7 @@ layers = []
 for _ in range(12):
     layers += [nn.Linear(256, 256), nn.ReLU()]
 model = DDP(nn.Sequential(*layers, nn.Linear(256, 8)), bucket_cap_mb=args.bucket_mb)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 W = torch.randn(256, 8)
 g = torch.Generator().manual_seed(rank)
 for _step in range(args.steps):

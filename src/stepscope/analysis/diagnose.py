@@ -40,6 +40,8 @@ PERFORMANCE_CATEGORIES: tuple[str, ...] = (
 _TRACE_IDLE_WARN_PCT = 30.0
 # Exposed communication above 30% of the step (field report).
 _TRACE_COMM_WARN_PCT = 30.0
+# Slowest rank's median step 25% above the fastest: the health rules' straggler threshold.
+_TRACE_SLOW_RANK_PCT = 25.0
 
 
 @dataclass
@@ -63,7 +65,10 @@ def _impact(f: Finding) -> float:
     return float(v) if isinstance(v, (int, float)) and np.isfinite(v) else 0.0
 
 
-def _event_findings(events: Sequence[Mapping[str, Any]]) -> list[Finding]:
+def _event_findings(events: Sequence[Mapping[str, Any]], n_ranks: int) -> list[Finding]:
+    """Findings recorded as events. Cross-rank straggler flags are used only when the step
+    table holds fewer than two ranks: with every rank's records, the health rule (which
+    separates communication wait from work) is authoritative."""
     out: list[Finding] = []
     stragglers: dict[int, int] = {}
     gathers = 0
@@ -87,7 +92,7 @@ def _event_findings(events: Sequence[Mapping[str, Any]]) -> list[Finding]:
             for r in ev.get("stragglers") or []:
                 stragglers[int(r)] = stragglers.get(int(r), 0) + 1
     for r, n in stragglers.items():
-        if gathers >= 2 and n >= gathers / 2:
+        if n_ranks < 2 and gathers >= 2 and n >= gathers / 2:
             out.append(Finding(
                 category="straggler", severity="warning",
                 message=f"rank {r} was flagged as a straggler in {n} of {gathers} cross-rank "
@@ -98,36 +103,56 @@ def _event_findings(events: Sequence[Mapping[str, Any]]) -> list[Finding]:
     return out
 
 
+def _trace_pcts(row: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(device idle %, exposed communication %) of one rank of a trace report; idle only
+    for the accelerator view (a host-only trace is "idle" whenever Python is not in an op)."""
+    idle = row.get("idle_pct") if row.get("view") == "accelerator" else None
+    window, comm = row.get("window_us"), row.get("comm_us")
+    exposed = None
+    if isinstance(window, (int, float)) and window > 0 and isinstance(comm, (int, float)):
+        exposed = 100.0 * (comm - float(row.get("comm_overlap_us") or 0.0)) / window
+    return (float(idle) if isinstance(idle, (int, float)) else None), exposed
+
+
 def trace_findings(report: Mapping[str, Any]) -> list[Finding]:
-    """Findings from a trace breakdown in the ``stepscope trace --json`` shape
-    (``ranks.<rank>.{idle_pct, comm_comp_overlap_pct, exposed_comm_pct, ...}``)."""
+    """Findings from a trace breakdown (``TraceReport.to_dict()``, the ``stepscope trace
+    --json`` shape): device idle, exposed communication, the slowest rank."""
     out: list[Finding] = []
-    ranks = report.get("ranks") or {}
-    for key, row in ranks.items():
+    for key, row in (report.get("ranks") or {}).items():
         if not isinstance(row, Mapping):
             continue
-        idle = row.get("idle_pct")
-        exposed = next((row[k] for k in ("exposed_comm_pct", "comm_exposed_pct")
-                        if isinstance(row.get(k), (int, float))), None)
-        if isinstance(idle, (int, float)) and idle >= _TRACE_IDLE_WARN_PCT:
+        idle, exposed = _trace_pcts(row)
+        if idle is not None and idle >= _TRACE_IDLE_WARN_PCT:
             out.append(Finding(
                 category="compute", severity="warning",
-                message=f"trace: the device is idle {idle:.0f}% of the traced steps on rank "
+                message=f"trace: the device is idle {idle:.0f}% of the traced window on rank "
                         f"{key}: it waits for the host (data, launches, synchronisation)",
-                evidence={"idle_pct": float(idle), "impact_frac": float(idle) / 100},
+                evidence={"idle_pct": idle, "impact_frac": idle / 100},
                 rank=int(key), confidence=0.8, rule="trace.idle",
                 recommendation="Look at the host timeline of the trace for data loading or "
                                "synchronising calls (.item(), prints) between kernels"))
         if exposed is not None and exposed >= _TRACE_COMM_WARN_PCT:
             out.append(Finding(
                 category="communication", severity="warning",
-                message=f"trace: exposed communication {exposed:.0f}% of the step on rank "
-                        f"{key} (overlap {row.get('comm_comp_overlap_pct', 'n/a')}%)",
-                evidence={"exposed_comm_pct": float(exposed),
-                          "impact_frac": float(exposed) / 100},
+                message=f"trace: exposed communication {exposed:.0f}% of the traced window on "
+                        f"rank {key} (overlap {row.get('comm_comp_overlap_pct')}%)",
+                evidence={"exposed_comm_pct": exposed, "impact_frac": exposed / 100},
                 rank=int(key), confidence=0.9, rule="trace.comm",
                 recommendation="Overlap gradient communication with backward (bucket "
                                "size, separate stream) or shard it (reduce-scatter)"))
+    cmp_ = report.get("comparison")
+    if isinstance(cmp_, Mapping) and (cmp_.get("slower_by_pct") or 0) >= _TRACE_SLOW_RANK_PCT:
+        r = int(cmp_["straggler_rank"])
+        out.append(Finding(
+            category="straggler", severity="warning",
+            message=f"trace: rank {r} works longest; the slowest rank is "
+                    f"{cmp_.get('slower_by_pct'):.0f}% slower, differing in "
+                    f"{cmp_.get('differing_phase')}",
+            evidence={k: cmp_.get(k) for k in ("slower_by_pct", "differing_phase",
+                                               "phase_delta_us")},
+            rank=r, confidence=0.7, rule="trace.ranks",
+            recommendation=f"Compare rank {r}'s {cmp_.get('differing_phase')} with another "
+                           "rank's in the trace"))
     return out
 
 
@@ -136,8 +161,12 @@ def _demote(f: Finding, why: str) -> None:
     f.evidence["explained_by"] = why
 
 
-def _reconcile(findings: list[Finding]) -> None:
+def _reconcile(findings: list[Finding], table: StepTable) -> None:
     by = {c: [f for f in findings if f.category == c] for c in CATEGORIES}
+    if table.has_data("loss"):  # metrics do reach stepscope: what is missing is optional
+        for f in by["logging"]:
+            if f.rule.startswith("integration") and f.severity == "warning":
+                _demote(f, "the loss is recorded; only an optional measurement is missing")
     strag = [f for f in by["straggler"] if f.severity != "info"]
     if strag:
         for f in by["communication"]:
@@ -195,10 +224,10 @@ def diagnose(table: StepTable, meta: RunMeta | None = None,
     ``stepscope trace --json`` shape. ``now_wall_s``: UNIX time, for a live run's stall.
     """
     findings = check_health(table, meta, config, now_wall_s=now_wall_s)
-    findings += _event_findings(events or [])
+    findings += _event_findings(events or [], len(table.ranks()) if len(table) else 0)
     if trace_report:
         findings += trace_findings(trace_report)
-    _reconcile(findings)
+    _reconcile(findings, table)
     info = _compute_info(table, findings)
     if info is not None:
         findings.append(info)

@@ -95,9 +95,14 @@ class HealthConfig:
     # Early window: the first 25% of loss values (at least conv_min_points).
     conv_early_frac: float = 0.25
     conv_min_points: int = 20
+    # Fewer logged losses than this cannot tell a slow start from noise: no finding.
+    conv_min_total: int = 60
     # Loss falling by less than 1% over the early window is "abnormally flat" (field report:
     # data starvation or repeated samples).
     conv_flat_drop: float = 0.01
+    # ... a warning only when the whole run improved by less than 5% (first vs last quarter
+    # medians): a slow start that then converges is info.
+    conv_stuck_drop: float = 0.05
     # Plateau: the last quarter improves by less than 0.2% (info only: plateaus are normal).
     conv_plateau_drop: float = 0.002
     # Divergence: last-quarter median above the early median by this share.
@@ -107,7 +112,11 @@ class HealthConfig:
     # A drop of >= 20% tokens/s between segments is a regression (field report: 1200 -> 800
     # tokens/s is -33%; 20% stays above the run-to-run noise of a shared CPU).
     regression_drop: float = 0.20
-    regression_min_segment: int = 8
+    # Each side of a change point spans >= 15 steps (and >= 10% of the run), and the rule
+    # needs >= 50 steady steps: on shorter runs a burst of load from another process on a
+    # shared host cannot be told from a regression.
+    regression_min_segment: int = 15
+    regression_min_steps: int = 50
     # Progressive drift: Spearman correlation of step index and step time at least this.
     drift_min_corr: float = 0.5
 

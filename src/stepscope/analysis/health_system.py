@@ -23,6 +23,10 @@ __all__ = ["rule_data_wait", "rule_comm", "rule_memory", "rule_throughput",
            "rule_straggler", "rule_stall", "own_time"]
 
 
+_PHASE_WORDS = {"other": "time outside the recorded phases (host work between them)",
+                "data_wait": "data wait"}
+
+
 def _span(t: StepTable) -> tuple[int, int]:
     return int(t["step"].min()), int(t["step"].max())
 
@@ -118,8 +122,7 @@ def rule_memory(ctx: HealthContext) -> list[Finding]:
                          f"{last / 2**20:.0f} MiB (~{per_step / 2**20:.2f} MiB per step)"),
                 evidence={"first_quarter_bytes": first, "last_quarter_bytes": last,
                           "bytes_per_step": per_step, "rank_correlation": corr,
-                          "mem_source": (ctx.meta.environment.get("mem_source")
-                                         if ctx.meta else None)},
+                          "mem_source": _mem_source(ctx) or None},
                 steps=(int(steps[ok][0]), int(steps[ok][-1])), rank=r, confidence=0.8,
                 rule="health.memory",
                 recommendation="Look for tensors kept across steps (losses appended with their "
@@ -130,8 +133,18 @@ def rule_memory(ctx: HealthContext) -> list[Finding]:
     return out
 
 
+def _mem_source(ctx: HealthContext) -> str:
+    if ctx.meta is None:
+        return ""
+    return str(ctx.meta.environment.get("mem_source") or ctx.meta.config.get("mem_source") or "")
+
+
 def _memory_pattern(t: StepTable, ctx: HealthContext) -> list[Finding]:
-    if not t.has_data("mem_alloc_bytes"):
+    # A lifetime high-water mark (process peak RSS) says nothing about the shape of one
+    # step's memory: the pattern needs a per-step peak (e.g. CUDA max_memory_allocated
+    # reset each step).
+    src = _mem_source(ctx).lower()
+    if not t.has_data("mem_alloc_bytes") or "lifetime" in src or "rss" in src:
         return []
     peak = float(np.nanmedian(t["mem_peak_bytes"]))
     held = float(np.nanmedian(t["mem_alloc_bytes"]))
@@ -184,7 +197,7 @@ def _rank_throughput(t: StepTable, r: int, ctx: HealthContext) -> Finding | None
     steps, rate, unit = _rate(t, r)
     ok = np.isfinite(rate) & (rate > 0)
     steps, rate = steps[ok], rate[ok]
-    if rate.size < max(cfg.min_steps, 2 * cfg.regression_min_segment):
+    if rate.size < cfg.regression_min_steps:
         return None
     seg = max(cfg.regression_min_segment, rate.size // 10)
     k = best_split(rate, seg)
@@ -270,7 +283,8 @@ def rule_straggler(ctx: HealthContext) -> list[Finding]:
         category="straggler", severity="warning",
         message=(f"rank {slow} is a straggler: its own work takes {med[slow] * 1e3:.1f} ms vs "
                  f"{ref * 1e3:.1f} ms on the others (score {score:.2f}); the other ranks wait "
-                 f"for it" + (f"; the difference is in {phase}" if phase else "")),
+                 f"for it" + (f"; the difference is in {_PHASE_WORDS.get(phase, phase)}"
+                               if phase else "")),
         evidence={"score": score, "rank_median_s": med[slow], "reference_median_s": ref,
                   "per_rank_median_s": {str(r): v for r, v in med.items()},
                   "slow_on_step_frac": consistent, "measured_as": how, "phase": phase,
@@ -299,14 +313,19 @@ def _slow_share(t: StepTable, own: np.ndarray, rank: int) -> float:
 
 
 def _phase_gap(t: StepTable, rank: int) -> str | None:
-    gaps = {}
-    for col in ("data_wait_s", "forward_s", "backward_s", "optimizer_s"):
-        if t.has_data(col):
-            mine = float(np.nanmedian(t[col][t["rank"] == rank]))
-            rest = float(np.nanmedian(t[col][t["rank"] != rank]))
-            gaps[col] = mine - rest
-    if not gaps:
+    """The phase in which ``rank`` spends the most extra time vs the other ranks; "other"
+    is step time not attributed to any phase (e.g. host work outside the model)."""
+    cols = [c for c in ("data_wait_s", "forward_s", "backward_s", "optimizer_s",
+                        "comm_exposed_s") if t.has_data(c)]
+    if not cols:
         return None
+    per = {c: t[c] for c in cols}
+    per["other_s"] = t["step_time_s"] - sum(np.nan_to_num(t[c]) for c in cols)
+    gaps = {}
+    for col, v in per.items():
+        if col == "comm_exposed_s":
+            continue  # the fast ranks' waiting, not the straggler's work
+        gaps[col] = float(np.nanmedian(v[t["rank"] == rank]) - np.nanmedian(v[t["rank"] != rank]))
     col = max(gaps, key=lambda c: gaps[c])
     return col.removesuffix("_s") if gaps[col] > 0 else None
 

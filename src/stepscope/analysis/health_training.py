@@ -87,7 +87,13 @@ def _vs_config(steps: np.ndarray, lr: np.ndarray, base: dict[str, Any], rank: in
     out: list[Finding] = []
     peak_cfg = base.get("lr")
     peak = float(lr[ok].max())
-    if isinstance(peak_cfg, (int, float)) and peak_cfg > 0:
+    first = float(lr[ok][0])
+    # A value equal to the first observed LR, which later rises, was read from the optimizer
+    # mid-warm-up (e.g. by zero-code instrumentation): it is the start, not the peak.
+    read_at_start = (isinstance(peak_cfg, (int, float)) and peak_cfg > 0
+                     and abs(first - peak_cfg) <= cfg.lr_peak_tolerance * peak_cfg
+                     and peak > peak_cfg * (1 + cfg.lr_peak_tolerance))
+    if isinstance(peak_cfg, (int, float)) and peak_cfg > 0 and not read_at_start:
         if abs(peak - peak_cfg) / peak_cfg > cfg.lr_peak_tolerance:
             out.append(Finding(
                 category="lr_schedule", severity="warning",
@@ -125,7 +131,7 @@ def rule_convergence(ctx: HealthContext) -> list[Finding]:
     steps, loss = rank_series(ctx.table, r, "loss")
     ok = np.isfinite(loss)
     x, st = loss[ok], steps[ok]
-    if x.size < 2 * cfg.conv_min_points:
+    if x.size < max(cfg.conv_min_total, 2 * cfg.conv_min_points):
         return []
     n_early = max(cfg.conv_min_points, int(cfg.conv_early_frac * x.size))
     k = max(3, n_early // 4)
@@ -143,12 +149,16 @@ def rule_convergence(ctx: HealthContext) -> list[Finding]:
             recommendation="Lower the peak LR or lengthen warmup; check the LR schedule and "
                            "that labels match inputs"))
     elif (e0 - e1) / scale < cfg.conv_flat_drop:
+        # Flat early and still flat at the end: not converging. Flat early only: a slow
+        # start (deep nets, small LR), worth a look but not a warning.
+        stuck = (e0 - last) / scale < cfg.conv_stuck_drop
         out.append(Finding(
-            category="convergence", severity="warning",
+            category="convergence", severity="warning" if stuck else "info",
             message=(f"loss is abnormally flat early: {e0:.4g} -> {e1:.4g} over the first "
                      f"{n_early} logged steps ({(e0 - e1) / scale:+.2%})"),
             evidence={"early_start_median": e0, "early_end_median": e1,
-                      "early_drop_frac": (e0 - e1) / scale, "early_points": n_early},
+                      "early_drop_frac": (e0 - e1) / scale, "early_points": n_early,
+                      "total_drop_frac": (e0 - last) / scale},
             steps=(int(st[0]), int(st[n_early - 1])), rank=r, confidence=0.7,
             rule="health.convergence",
             recommendation="Check the LR (not zero, warmup applied), that data is not starved "

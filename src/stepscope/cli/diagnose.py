@@ -46,16 +46,15 @@ def _echo_json(obj: Any) -> None:
 
 
 def _trace_report(path: Path) -> Mapping[str, Any] | None:
-    """Trace breakdown of ``path`` via the trace analysis, when it is installed."""
+    """Trace breakdown of ``path`` (file or directory), in the ``stepscope trace`` shape."""
     try:
         breakdown: Any = importlib.import_module("stepscope.analysis.breakdown")
+        traces: Any = importlib.import_module("stepscope.traces")
     except ImportError:
-        click.echo("stepscope: note: trace analysis is not available; --trace ignored",
+        click.echo("stepscope: note: trace analysis is not available; trace ignored",
                    err=True)
         return None
-    report = breakdown.analyze(path)
-    if hasattr(report, "to_dict"):
-        report = report.to_dict()
+    report = breakdown.analyze(traces.read_trace(path)).to_dict()
     return report if isinstance(report, Mapping) else None
 
 
@@ -94,8 +93,11 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
             raise StepscopeError(f"--trace {trace} does not exist; pass a trace file or "
                                  "directory written by torch.profiler or MindSpore")
         report = _trace_report(trace)
-    elif rd.profile_dirs():
-        report = _trace_report(rd.profile_dirs()[-1])
+    elif rd.profile_dirs():  # the newest archived profile; a broken one is only noted
+        try:
+            report = _trace_report(rd.profile_dirs()[-1])
+        except StepscopeError as exc:
+            click.echo(f"stepscope: note: archived profile skipped: {exc}", err=True)
     # The CLI is the edge that reads the clock: a running run's silence is a live stall.
     now = time.time() if meta.status == "running" else None
     d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now)
