@@ -102,6 +102,9 @@ def test_memory_json_keys_and_zero(capsys: pytest.CaptureFixture[str]) -> None:
     (["--pp", "81"], "exceeds the 80 layers"),
     (["--offload", "params", "--zero", "2"], "needs --zero 3"),
     (["--zero", "2", "--convention", "megatron"], "ZeRO-1 only"),
+    (["--precision", "fp32", "--convention", "megatron"], "mixed-precision Adam"),
+    (["--zero", "2", "--tp", "2", "--convention", "deepspeed"], "pure data parallel"),
+    (["--zero", "1", "--convention", "deepspeed"], "stages 2 and 3"),
 ])
 def test_memory_impossible_layouts(capsys: pytest.CaptureFixture[str], args: list[str],
                                    needle: str) -> None:

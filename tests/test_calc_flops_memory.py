@@ -157,3 +157,12 @@ def test_estimate_shards_weights_by_stage() -> None:
     assert estimate(spec, pp=2).params_per_device == spec.layer_params() / 2 + 800
     with pytest.raises(ConfigError, match="give a model"):
         estimate(None)
+
+
+def test_score_activations_need_heads() -> None:
+    no_heads = ModelSpec(layers=2, hidden=8, vocab=10, seq_len=4)
+    with pytest.raises(ConfigError, match="--heads"):
+        estimate(no_heads)
+    # no s^2 term to size with selective recompute: 34*s*b*h per layer + embedding + output
+    est = estimate(no_heads, recompute="selective")
+    assert est.activations_bytes == 2 * 34 * 32 + (8 * 4 + 32) + (4 * 32 + 4 * 4 * 10)

@@ -76,6 +76,14 @@ def test_ascend_910b_needs_confirmation() -> None:
         require_peak("Ascend910B2", "fp16")
 
 
+def test_similar_names_are_not_guessed() -> None:
+    # H20 and GH200 are other parts: never matched to H200 by a loose pattern.
+    for name in ("NVIDIA H20", "NVIDIA GH200 480GB", "NVIDIA A10G", "NVIDIA A10"):
+        assert lookup_peak(name, "bf16") is None, name
+    assert "H200" in explain_miss("NVIDIA H20", "bf16")
+    assert "no first-party" in explain_miss("Ascend910_9392", "bf16")
+
+
 def test_unknown_device_lists_close_names() -> None:
     msg = explain_miss("NVIDIA H10", "bf16")
     assert "close names: " in msg and "H100" in msg and "--peak-tflops" in msg

@@ -106,6 +106,10 @@ def stage_activations(spec: ModelSpec, micro_batch: int = 1, tp: int = 1, pp: in
     Megatron-LM's theoretical memory for the same flags).
     """
     s, b, h = spec.seq_len, micro_batch, spec.hidden
+    if (spec.heads is None and spec.head_dim is None and recompute == "none"
+            and not flash_attention):
+        raise ConfigError("the attention-score activations (5*a*s^2*b per layer) need the head "
+                          "count: give --heads, or --flash-attention / --recompute selective")
     experts = (spec.moe_top_k + spec.moe_shared_experts) if spec.moe_experts else 1
     layer = layer_activation_bytes(
         s, b, h, spec.n_heads, tp, sequence_parallel, recompute, q_width=spec.q_width,

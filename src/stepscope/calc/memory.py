@@ -136,6 +136,9 @@ def model_states(params: float, dp: int = 1, zero: int = 0, optimizer: str = "ad
         raise ConfigError("--offload params needs --zero 3 (only ZeRO-3 partitions parameters)")
     notes: list[str] = []
     if convention == "megatron":
+        if precision != "mixed" or optimizer not in ("adam", "adamw"):
+            raise ConfigError("the megatron convention is mixed-precision Adam (18 B/param); "
+                              "use --convention zero for other precisions or optimizers")
         if zero > 1:
             raise ConfigError("the megatron convention has ZeRO-1 only (its distributed "
                               "optimizer); use --convention zero for stages 2 and 3")
@@ -181,6 +184,9 @@ def estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1
     if spec is None and params is None:
         raise ConfigError("give a model: --params N or the shape flags")
     if convention.startswith("deepspeed"):
+        if tp * pp > 1:
+            raise ConfigError("DeepSpeed's estimators model pure data parallel (TP = PP = 1); "
+                              "use --convention zero with --tp/--pp")
         return deepspeed_estimate(spec, params=params, dp=dp, zero=zero, offload=offload,
                                   legacy=convention == "deepspeed-legacy",
                                   gpus_per_node=gpus_per_node,
