@@ -7,6 +7,7 @@ can be worked out by hand from the comment beside it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from markdown_it import MarkdownIt
 from stepscope.analysis.compare import batch_trap, compare_runs, diff_fingerprints
 from stepscope.analysis.quality_ledger import eval_record, quality_ledger
 from stepscope.analysis.scaling import scaling
-from stepscope.analysis.speed_ledger import speed_ledger
+from stepscope.analysis.speed_ledger import speed_ledger, step_sample
 from stepscope.analysis.summary import summarize
 from stepscope.report.markdown_tables import comparison_markdown, md_table, scaling_markdown
 from stepscope.schema import RunMeta, StepTable
@@ -217,3 +218,48 @@ def test_markdown_tables_are_valid_gfm() -> None:
         ["new|one (lr=0.002)", "0.1", "n/a", "10,000", "n/a"]]
     assert text.endswith("**not landed** — speed: no significant difference, quality: "
                          "unknown\n")
+
+
+def test_long_many_rank_runs_use_blocks_and_stay_exact_at_the_point() -> None:
+    # 3000 steps x 20 ranks = 60,000 rows: blocked (1000 blocks of 3 steps) and thinned
+    # for the median bootstrap; the point values are still the exact ones.
+    rng = np.random.default_rng(3)
+    n, ranks = 3000, 20
+    base = 0.1 * (1 + 0.05 * rng.standard_normal((ranks, n)))
+    ta = StepTable.concat([table(base[r], rank=r) for r in range(ranks)])
+    tb = StepTable.concat([table(base[r] * 0.9, rank=r) for r in range(ranks)])
+    s = speed_ledger(ta, None, tb, None, n_boot=300)
+    st = s.metrics["step_time_s"]
+    kept = step_sample(ta)  # steady rows minus outlier steps, unthinned
+    assert kept.rows_sorted.size > 50_000
+    assert st.a == float(np.median(kept.rows_sorted))
+    assert st.diff_rel == pytest.approx(-0.1)
+    assert st.ci_rel is not None and st.ci_rel[0] < -0.1 < st.ci_rel[1]
+    assert (st.change, s.verdict) == ("better", "faster")
+
+
+def test_cli_scaling(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import itertools
+
+    import orjson
+
+    import stepscope
+    from stepscope.cli import main
+
+    # 8 devices: 8000 tokens per 1 s step; 32 devices: 28800 per 1 s -> 90% efficiency.
+    for devices, tokens in ((8, 8000.0), (32, 28800.0)):
+        ticks = itertools.count()
+        with stepscope.Recorder(tmp_path / f"d{devices}", rank=0, background=False,
+                                clock=lambda t=ticks: float(next(t)),
+                                meta={"baseline": {"num_devices": devices,
+                                                   "global_batch": 8 * devices}}) as rec:
+            for _ in range(6):
+                with rec.step(tokens=tokens, samples=8 * devices):
+                    pass
+    with pytest.raises(SystemExit) as exc:
+        main(["scaling", str(tmp_path / "d32"), str(tmp_path / "d8"), "--json"])
+    doc = orjson.loads(capsys.readouterr().out)
+    assert exc.value.code == 0
+    assert [(p["name"], p["num_devices"], p["efficiency"]) for p in doc["points"]] == [
+        ("d8", 8, 1.0), ("d32", 32, pytest.approx(0.9))]
+    assert (doc["mode"], doc["differing"]) == ("weak", [])
