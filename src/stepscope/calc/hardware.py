@@ -175,13 +175,18 @@ _NO_FIRST_PARTY = (
 )
 
 
+def _dtype_key(dtype: str) -> str | None:
+    key = dtype.strip().lower().replace("torch.", "").replace("mindspore.", "")
+    return _DTYPE_ALIASES.get(key)
+
+
 def normalize_dtype(dtype: str) -> str:
     """Canonical dtype name (fp32, tf32, bf16, fp16, fp8) or UnknownDeviceError."""
-    key = dtype.strip().lower().replace("torch.", "").replace("mindspore.", "")
-    if key not in _DTYPE_ALIASES:
+    key = _dtype_key(dtype)
+    if key is None:
         raise UnknownDeviceError(f"unknown dtype {dtype!r}; expected one of "
                                  f"{', '.join(DTYPES)}")
-    return _DTYPE_ALIASES[key]
+    return key
 
 
 def _normalize_name(name: str) -> str:
@@ -209,7 +214,7 @@ def lookup_peak(device_name: str, dtype: str = "bf16") -> PeakEntry | None:
         lookup_peak("Ascend910B2", "fp16")                   # None: no first-party figure
     """
     dev = _find_device(device_name)
-    dt = _DTYPE_ALIASES.get(dtype.strip().lower().replace("torch.", ""))
+    dt = _dtype_key(dtype)
     if dev is None or dt is None or dt not in dev.peaks:
         return None
     return PeakEntry(device=dev.name, dtype=dt, flops=dev.peaks[dt], source=dev.source,
@@ -222,7 +227,7 @@ def explain_miss(device_name: str, dtype: str = "bf16") -> str:
     for pattern, reason in _NO_FIRST_PARTY:
         if re.search(pattern, norm):
             return f"no peak for {device_name!r}: {reason}"
-    dt = _DTYPE_ALIASES.get(dtype.strip().lower().replace("torch.", ""))
+    dt = _dtype_key(dtype)
     if dt is None:
         return f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}"
     dev = _find_device(device_name)

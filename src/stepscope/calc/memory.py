@@ -202,6 +202,9 @@ def estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1
         per_dev, dp, zero, optimizer, precision, convention, offload,
         _adafactor_stats(spec, tp * pp) if optimizer == "adafactor" and spec else None)
     notes.insert(0, where)
+    if zero == 3:
+        notes.append("ZeRO-3 also gathers one layer's full parameters at a time (not counted "
+                     "here; DeepSpeed's estimator adds 4 x the largest layer)")
     breakdown: dict[str, float] = {}
     act = 0.0
     if spec is not None:
