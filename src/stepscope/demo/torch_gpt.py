@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -105,13 +106,17 @@ class GPT(nn.Module):
 def model_flops(cfg: GPTConfig, n_params: int) -> dict[str, Any]:
     """FLOPs per token of the demo model under the default (PaLM) convention, for run.json.
 
-    Delegates to ``stepscope.calc.flops``; the parameter count passed is the real one.
+    Delegates to ``stepscope.calc.flops`` with the model's exact shape (learned positions,
+    biases, tied head), and checks the shape's parameter count against the real one.
     """
     from ..calc.flops import ModelSpec, flops_per_token
 
     spec = ModelSpec(layers=cfg.n_layer, hidden=cfg.d_model, heads=cfg.n_head,
                      ffn_hidden=4 * cfg.d_model, vocab=cfg.vocab_size, seq_len=cfg.seq_len,
-                     tied_embeddings=True, params=n_params)
+                     tied_embeddings=True, position_embeddings=cfg.seq_len,
+                     linear_bias=True, norm_bias=True)
+    if int(spec.num_params()) != n_params:  # the spec no longer describes the model
+        spec = dataclasses.replace(spec, params=n_params)
     est = flops_per_token(spec)
     return {"flops_per_token": est.flops_per_token,
             "hardware_flops_per_token": est.hardware_flops_per_token,
