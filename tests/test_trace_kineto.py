@@ -74,8 +74,17 @@ def test_gz_plain_compact_and_streamed_decodes_agree(tmp_path: Path,
     gz = read_trace(write_trace(tmp_path / "b.json.gz", events))[0]
     compact = read_trace(write_trace(tmp_path / "c.json", events, indent=False))[0]
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 512)  # force many chunks
+    whole_parses: list[int] = []
+    real_whole = kineto._whole
+
+    def counting_whole(*args, **kwargs):  # type: ignore[no-untyped-def]
+        whole_parses.append(1)
+        return real_whole(*args, **kwargs)
+    monkeypatch.setattr(kineto, "_whole", counting_whole)
     streamed = kineto.read(tmp_path / "a.json")
-    for other in (gz, compact, streamed):
+    streamed_gz = kineto.read(tmp_path / "b.json.gz")
+    assert whole_parses == []  # the chunked path framed every chunk itself
+    for other in (gz, compact, streamed, streamed_gz):
         assert len(other) == len(plain) == 360
         assert np.array_equal(other.start_us, plain.start_us)
         assert [other.names[i] for i in other.name] == [plain.names[i] for i in plain.name]

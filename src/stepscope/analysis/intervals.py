@@ -25,7 +25,7 @@ Intervals = tuple[FloatArray, FloatArray]
 EMPTY: Intervals = (np.zeros(0), np.zeros(0))
 
 
-def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
+def union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> Intervals:
     """Merge possibly overlapping intervals; empty and inverted ones are dropped."""
     s = np.asarray(starts, dtype=np.float64)
     e = np.asarray(ends, dtype=np.float64)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..schema import EVENT_KINDS, EventTable
 from .overlap import device_mask, host_compute_mask, step_table
@@ -45,9 +46,9 @@ class OpRow:
         return asdict(self)
 
 
-def self_times(t: EventTable, rows: np.ndarray) -> np.ndarray:
+def self_times(t: EventTable, rows: NDArray[Any]) -> NDArray[Any]:
     """Self time of each row in ``rows`` (host ops): duration minus nested children's."""
-    out = t.dur_us[rows].astype(np.float64).copy()
+    out: NDArray[Any] = t.dur_us[rows].astype(np.float64).copy()
     if not len(rows):
         return out
     order = np.lexsort((-t.dur_us[rows], t.start_us[rows], t.stream[rows]))
@@ -71,14 +72,14 @@ def self_times(t: EventTable, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _aggregate(names: list[str], name_idx: np.ndarray, dur: np.ndarray, self_us: np.ndarray,
-               kinds: np.ndarray, queue: np.ndarray | None, where: str,
+def _aggregate(names: list[str], name_idx: NDArray[Any], dur: NDArray[Any], self_us: NDArray[Any],
+               kinds: NDArray[Any], queue: NDArray[Any] | None, where: str,
                acc: dict[str, dict[str, Any]]) -> None:
     uniq, first, inv = np.unique(name_idx, return_index=True, return_inverse=True)
     tot = np.bincount(inv, weights=dur, minlength=len(uniq))
     slf = np.bincount(inv, weights=self_us, minlength=len(uniq))
     cnt = np.bincount(inv, minlength=len(uniq))
-    queues: list[np.ndarray] = []
+    queues: list[NDArray[Any]] = []
     if queue is not None:
         order = np.argsort(inv, kind="stable")
         queues = np.split(queue[order], np.cumsum(cnt)[:-1])

@@ -31,9 +31,11 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from numpy.typing import NDArray
 
 from ..schema import EVENT_KINDS, EventTable
 from . import intervals as iv
@@ -82,7 +84,7 @@ def _name_flags(names: list[str], pattern: re.Pattern[str]) -> npt.NDArray[np.bo
                        count=len(names))
 
 
-def _hta_merge(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _hta_merge(ts: NDArray[Any], end: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any]]:
     """HTA's merge_kernel_intervals: groups by ts > running max of earlier ends."""
     if not len(ts):
         return ts, end
@@ -95,8 +97,8 @@ def _hta_merge(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return ts[first], np.maximum.reduceat(end, first)
 
 
-def _hta_overlap(comm: tuple[np.ndarray, np.ndarray],
-                 comp: tuple[np.ndarray, np.ndarray]) -> float:
+def _hta_overlap(comm: tuple[NDArray[Any], NDArray[Any]],
+                 comp: tuple[NDArray[Any], NDArray[Any]]) -> float:
     """HTA's status sweep: comm +1/-1, compute +2/-2; time spent at level 3."""
     t = np.concatenate([comm[0], comm[1], comp[0], comp[1]])
     w = np.concatenate([np.ones(len(comm[0])), -np.ones(len(comm[1])),
@@ -110,7 +112,7 @@ def _hta_overlap(comm: tuple[np.ndarray, np.ndarray],
 
 
 def _hta_rows(t: EventTable, include_last_step: bool, filter_steps: bool
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+              ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]] | None:
     """(mask of rows HTA analyses, ts, end) after its parsing, rounding and filtering."""
     cats = t.meta.get("categories")
     if "cat" not in t.extra or "hta_stream" not in t.extra or cats is None:
@@ -162,8 +164,9 @@ def hta_temporal(t: EventTable, *, include_last_step: bool = False,
                     comm_total, _hta_overlap(comm, comp) if comm_total else 0.0)
 
 
-def _ends(t: EventTable) -> np.ndarray:
-    return t.start_us + np.maximum(t.dur_us, 0.0)
+def _ends(t: EventTable) -> NDArray[np.float64]:
+    out: NDArray[np.float64] = t.start_us + np.maximum(t.dur_us, 0.0)
+    return out
 
 
 def step_table(t: EventTable) -> dict[int, tuple[float, float]]:

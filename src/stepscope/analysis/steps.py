@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..schema import EVENT_KINDS, EventTable
 from . import intervals as iv
@@ -76,11 +77,11 @@ class StepRow:
         return asdict(self)
 
 
-def _union_mask(t: EventTable, mask: np.ndarray, end: np.ndarray) -> iv.Intervals:
+def _union_mask(t: EventTable, mask: NDArray[Any], end: NDArray[Any]) -> iv.Intervals:
     return iv.union(t.start_us[mask], end[mask])
 
 
-def _phase_sets(t: EventTable, end: np.ndarray) -> dict[str, iv.Intervals]:
+def _phase_sets(t: EventTable, end: NDArray[Any]) -> dict[str, iv.Intervals]:
     on_dev = t.extra.get("on_device")
     host = ~on_dev.astype(bool) if on_dev is not None else np.ones(len(t), dtype=bool)
     phase = host & (t.kind == EVENT_KINDS.index("phase"))
@@ -96,7 +97,7 @@ def _phase_sets(t: EventTable, end: np.ndarray) -> dict[str, iv.Intervals]:
     return out
 
 
-def _activity(t: EventTable, end: np.ndarray, steps: Collection[int] | None
+def _activity(t: EventTable, end: NDArray[Any], steps: Collection[int] | None
               ) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals]:
     """(compute, comm, busy) interval sets: device view if the trace has device work."""
     comm_k, comp_k = EVENT_KINDS.index("comm"), EVENT_KINDS.index("compute")

@@ -108,7 +108,8 @@ def diff_reports(a: TraceReport, b: TraceReport, limit: int = 50) -> TraceDiff:
         ta = (oa.total_us if oa.where == "device" else oa.self_us) / na if oa else 0.0
         tb = (ob.total_us if ob.where == "device" else ob.self_us) / nb if ob else 0.0
         status = "added" if oa is None else "removed" if ob is None else _status(ta, tb)
-        kind = (ob or oa).kind if (ob or oa) else "cpu"
+        either = ob if ob is not None else oa
+        kind = either.kind if either is not None else "cpu"
         out.append(OpDelta(name, kind, ta, tb, oa.count / na if oa else 0.0,
                            ob.count / nb if ob else 0.0, tb - ta, status))
     out.sort(key=lambda o: (-abs(o.delta_us_per_step), o.name))

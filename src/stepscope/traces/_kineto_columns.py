@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
+from numpy.typing import NDArray
 
 from ..errors import TraceFormatError
 from ..schema import EVENT_KINDS, EventTable
@@ -24,8 +27,12 @@ _INT64_MAX = 2**63 - 1
 
 
 class _FieldLike(Protocol):
-    raw: str
-    default: Any
+    @property
+    def raw(self) -> str: ...
+    @property
+    def column(self) -> str: ...
+    @property
+    def default(self) -> Any: ...
 
 
 Classifier = Callable[[str, str, bool], "tuple[str, bool]"]
@@ -70,13 +77,15 @@ class _Accumulator:
                  arg_fields: Sequence[_FieldLike], classify: Classifier) -> None:
         self.path = path
         self.keys = [f.raw for f in event_fields]
+        self.columns = [f.column for f in event_fields]
         self.defaults = [f.default for f in event_fields]
         self.arg_keys = [f.raw for f in arg_fields]
+        self.arg_columns = [f.column for f in arg_fields]
         self.arg_defaults = [f.default for f in arg_fields]
         self.classify = classify
         self.names: dict[str, int] = {}
         self.cats: dict[str, int] = {}
-        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.parts: list[tuple[NDArray[Any], ...]] = []
         self.meta: dict[str, Any] = {"path": str(path), "format": "kineto",
                                      "ts_is_float": False, "skipped_events": 0}
         self.thread_names: dict[int, str] = {}
@@ -95,22 +104,42 @@ class _Accumulator:
                                          if isinstance(p, dict) and "name" in p]
 
     def add(self, events: Any) -> None:
+        """One chunk of raw events: msgspec structs (fast path) or plain dicts."""
         if not isinstance(events, list):
             raise TraceFormatError(f"{self.path}: 'traceEvents' is not an array of events")
+        if events and isinstance(events[0], msgspec.Struct):
+            self._add_structs(events)
+        else:
+            self._add_dicts(events)
+
+    def _add_structs(self, events: list[Any]) -> None:
+        for e in events:
+            if e.ph == "M" and e.name == "thread_name" and e.args is not None:
+                self._thread_name(e.tid, e.args.label)
+        xs = [e for e in events if e.ph == "X"]
+        kept = [e for e in xs if e.dur_us is not None]
+        self.meta["skipped_events"] += len(xs) - len(kept)
+        cols = {c: list(map(attrgetter(c), kept)) for c in self.columns}
+        args = [e.args for e in kept]
+        stream, corr, coll = ([getattr(a, c) if a is not None else d for a in args]
+                              for c, d in zip(self.arg_columns[:3], self.arg_defaults[:3],
+                                              strict=True))
+        self._append(cols["start_us"], cols["dur_us"], cols["name"], cols["cat"],
+                     cols["tid"], stream, corr, [c is not None for c in coll])
+
+    def _add_dicts(self, events: list[Any]) -> None:
         k_ts, k_dur, k_name, k_cat, k_tid = self.keys
         d_ts, _, d_name, d_cat, d_tid = self.defaults
-        a_stream, a_corr, a_coll = self.arg_keys
-        ad_stream, ad_corr, _ = self.arg_defaults
-        names, cats = self.names, self.cats
+        a_stream, a_corr, a_coll, _ = self.arg_keys
+        ad_stream, ad_corr, _, _ = self.arg_defaults
         ts: list[Any] = []
         dur: list[Any] = []
-        name: list[int] = []
-        cat: list[int] = []
+        name: list[Any] = []
+        cat: list[Any] = []
         tid: list[Any] = []
         stream: list[Any] = []
         corr: list[Any] = []
         coll: list[bool] = []
-        skipped = 0
         for e in events:
             if type(e) is not dict:
                 raise TraceFormatError(
@@ -118,31 +147,35 @@ class _Accumulator:
                     "object (Chrome trace format).")
             ph = e.get("ph")
             if ph != "X":
-                if ph == "M":
-                    self._meta_event(e)
+                if ph == "M" and e.get("name") == "thread_name":
+                    args = e.get("args")
+                    self._thread_name(e.get("tid", 0),
+                                      args.get("name") if isinstance(args, dict) else None)
                 continue
             d = e.get(k_dur)
             if d is None:
-                skipped += 1
+                self.meta["skipped_events"] += 1
                 continue
             a = e.get("args")
             if type(a) is not dict:
                 a = _EMPTY
             ts.append(e.get(k_ts, d_ts))
             dur.append(d)
-            n = e.get(k_name, d_name)
-            if type(n) is not str:
-                n = str(n)
-            name.append(names.setdefault(n, len(names)))
-            c = e.get(k_cat, d_cat)
-            if type(c) is not str:
-                c = str(c)
-            cat.append(cats.setdefault(c, len(cats)))
+            name.append(e.get(k_name, d_name))
+            cat.append(e.get(k_cat, d_cat))
             tid.append(e.get(k_tid, d_tid))
             stream.append(a.get(a_stream, ad_stream))
             corr.append(a.get(a_corr, ad_corr))
             coll.append(a_coll in a)
-        self.meta["skipped_events"] += skipped
+        self._append(ts, dur, name, cat, tid, stream, corr, coll)
+
+    def _intern(self, values: list[Any], table: dict[str, int]) -> list[int]:
+        if set(map(type, values)) - {str}:
+            values = [v if type(v) is str else str(v) for v in values]
+        return [table.setdefault(v, len(table)) for v in values]
+
+    def _append(self, ts: list[Any], dur: list[Any], name: list[Any], cat: list[Any],
+                tid: list[Any], stream: list[Any], corr: list[Any], coll: list[bool]) -> None:
         if not ts:
             return
         types = set(map(type, ts))
@@ -150,7 +183,8 @@ class _Accumulator:
             self.meta["ts_is_float"] = True
         self.parts.append((
             _floats(ts, "ts", self.path), _floats(dur, "dur", self.path),
-            np.array(name, dtype=np.int64), np.array(cat, dtype=np.int16),
+            np.array(self._intern(name, self.names), dtype=np.int64),
+            np.array(self._intern(cat, self.cats), dtype=np.int16),
             _ints(tid, self._tid), _ints(stream, hta_int), _ints(corr, hta_int),
             np.array(coll, dtype=np.bool_),
         ))
@@ -164,14 +198,10 @@ class _Accumulator:
             return int(digits.group())
         return -1000 - self.str_ids.setdefault(key, len(self.str_ids))
 
-    def _meta_event(self, e: dict[str, Any]) -> None:
-        if e.get("name") != "thread_name":
-            return
-        args = e.get("args")
-        label = args.get("name") if isinstance(args, dict) else None
+    def _thread_name(self, raw_tid: Any, label: Any) -> None:
         if not isinstance(label, str):
             return
-        tid = self._tid(e.get("tid", 0))
+        tid = self._tid(raw_tid)
         old = self.thread_names.get(tid)
         # The README of the CPU fixtures: gloo threads get a second "python3" name; keep the
         # first name that mentions gloo.
@@ -180,7 +210,8 @@ class _Accumulator:
 
     # ------------------------------------------------------------------ output
     def finish(self) -> EventTable:
-        cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)] if self.parts else [
+        cols: list[NDArray[Any]] = [
+            np.concatenate(c) for c in zip(*self.parts, strict=True)] if self.parts else [
             np.zeros(0, np.float64), np.zeros(0, np.float64), np.zeros(0, np.int64),
             np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0, np.int64),
             np.zeros(0, np.int64), np.zeros(0, np.bool_)]
@@ -214,7 +245,7 @@ class _Accumulator:
             meta=self.meta,
         )
 
-    def _kinds(self, name: np.ndarray, cat: np.ndarray, coll: np.ndarray, names: list[str],
+    def _kinds(self, name: NDArray[Any], cat: NDArray[Any], coll: NDArray[Any], names: list[str],
                categories: list[str]) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.bool_]]:
         key = (cat.astype(np.int64) * (len(names) + 1) + name) * 2 + coll
         uniq, inverse = np.unique(key, return_inverse=True)
@@ -234,7 +265,7 @@ class _Accumulator:
         return int(m.group(1)) if m else 0
 
 
-def _launch_index(corr: np.ndarray, on_device: np.ndarray) -> npt.NDArray[np.int64]:
+def _launch_index(corr: NDArray[Any], on_device: NDArray[Any]) -> npt.NDArray[np.int64]:
     """For each device event, the row of its host launch (same correlation id), else -1."""
     out = np.full(len(corr), -1, dtype=np.int64)
     host = np.flatnonzero(~on_device & (corr >= 0))
@@ -250,9 +281,9 @@ def _launch_index(corr: np.ndarray, on_device: np.ndarray) -> npt.NDArray[np.int
     return out
 
 
-def _step_intervals(ts: np.ndarray, dur: np.ndarray, name: np.ndarray, kind: np.ndarray,
-                    on_device: np.ndarray, names: list[str]
-                    ) -> tuple[npt.NDArray[np.int64], np.ndarray, np.ndarray]:
+def _step_intervals(ts: NDArray[Any], dur: NDArray[Any], name: NDArray[Any], kind: NDArray[Any],
+                    on_device: NDArray[Any], names: list[str]
+                    ) -> tuple[npt.NDArray[np.int64], NDArray[Any], NDArray[Any]]:
     rows = np.flatnonzero((kind == EVENT_KINDS.index("step")) & ~on_device)
     nums = []
     for i in rows.tolist():
@@ -264,8 +295,8 @@ def _step_intervals(ts: np.ndarray, dur: np.ndarray, name: np.ndarray, kind: np.
             ts[rows], dur[rows])
 
 
-def _assign_steps(ts: np.ndarray, on_device: np.ndarray, launch_idx: np.ndarray,
-                  steps: tuple[np.ndarray, np.ndarray, np.ndarray]) -> npt.NDArray[np.int64]:
+def _assign_steps(ts: NDArray[Any], on_device: NDArray[Any], launch_idx: NDArray[Any],
+                  steps: tuple[NDArray[Any], NDArray[Any], NDArray[Any]]) -> npt.NDArray[np.int64]:
     """Host event: the ProfilerStep whose [start, end) holds its start (HTA's rule).
     Device event: the step of its launch (so GPU work that runs late stays in its step);
     by its own start time when the trace did not record the launch."""

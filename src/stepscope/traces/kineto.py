@@ -38,8 +38,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Optional, cast
 
+import msgspec
 import orjson
 
 from ..errors import TraceFormatError
@@ -48,9 +49,9 @@ from ._kineto_columns import _Accumulator
 
 __all__ = ["read", "looks_like", "EVENT_FIELDS", "ARG_FIELDS", "CATEGORY_KIND", "is_comm_kernel"]
 
-# Decompressed bytes per decoding chunk: ~25k Kineto events (~320 B each); big enough that
-# orjson's per-call overhead vanishes, small enough that one chunk's objects stay ~30 MB.
-CHUNK_BYTES = 8 << 20
+# Decompressed bytes per decoding chunk: ~6k Kineto events (~320 B each); big enough that
+# the per-call decode overhead vanishes, small enough that one chunk's objects stay ~10 MB.
+CHUNK_BYTES = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Field:
 # Top-level keys of an ``"ph": "X"`` event (Chrome trace format, Kineto flavour).
 EVENT_FIELDS: tuple[Field, ...] = (
     Field("ts", "start_us", "float64", math.nan, "start, µs; floats carry ns decimals"),
-    Field("dur", "dur_us", "float64", math.nan, "duration, µs"),
+    Field("dur", "dur_us", "float64", None, "duration, µs; events without one are skipped"),
     Field("name", "name", "str", "", "op, kernel or annotation name"),
     Field("cat", "cat", "str", "", "Kineto category (cpu_op, kernel, user_annotation, ...)"),
     Field("tid", "tid", "int", 0, "host thread id, or device stream for device events"),
@@ -76,7 +77,8 @@ EVENT_FIELDS: tuple[Field, ...] = (
 ARG_FIELDS: tuple[Field, ...] = (
     Field("stream", "hta_stream", "int", -1, "device stream of a device event"),
     Field("correlation", "correlation", "int", -1, "launch <-> device event link"),
-    Field("Collective name", "collective", "str", "", "NCCL collective (newer Kineto)"),
+    Field("Collective name", "collective", "str", None, "NCCL collective (newer Kineto)"),
+    Field("name", "label", "str", None, "thread name (``ph: M`` thread_name events)"),
 )
 
 # Kineto ``cat`` -> (kind, on_device). Device sync waits (cuda_sync) are not work: kind "cpu"
@@ -188,6 +190,53 @@ def _classify(cat: str, name: str, collective: bool) -> tuple[str, bool]:
     return kind, on_device
 
 
+# The decoder types, generated from the tables: msgspec fills only these fields and skips
+# everything else (call stacks, shapes, ...) in C without building Python objects for it.
+_Args = msgspec.defstruct(
+    "KinetoArgs", [(f.column, Any, f.default) for f in ARG_FIELDS],
+    rename={f.column: f.raw for f in ARG_FIELDS})
+_Event = msgspec.defstruct(
+    "KinetoEvent", [("ph", Any, None), *((f.column, Any, f.default) for f in EVENT_FIELDS),
+                    ("args", Optional[_Args], None)],  # noqa: UP045 (runtime type object)
+    rename={f.column: f.raw for f in EVENT_FIELDS})
+_Doc = msgspec.defstruct(
+    "KinetoDoc", [("traceEvents", Optional[list[_Event]], None),  # type: ignore[valid-type]  # noqa: UP045,E501
+                  ("distributedInfo", Any, None), ("deviceProperties", Any, None)])
+_LIST_DECODER = msgspec.json.Decoder(list[_Event])  # type: ignore[valid-type]
+_DOC_DECODER = msgspec.json.Decoder(_Doc)
+
+
+def _decode_list(data: bytes) -> list[Any]:
+    """Events of a JSON array: typed structs, or plain dicts when a field has an odd type."""
+    try:
+        events: list[Any] = _LIST_DECODER.decode(data)
+        return events
+    except msgspec.ValidationError:
+        pass
+    except msgspec.DecodeError:
+        raise _Reframe() from None
+    try:
+        loaded = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise _Reframe() from None
+    return loaded if isinstance(loaded, list) else [loaded]
+
+
+def _decode_doc(data: bytes) -> tuple[Any, dict[str, Any]]:
+    """(events or None, header keys) of a whole trace object; orjson when types are odd."""
+    try:
+        doc = _DOC_DECODER.decode(data)
+        return getattr(doc, "traceEvents"), {  # noqa: B009 (fields made by defstruct)
+            "distributedInfo": getattr(doc, "distributedInfo"),  # noqa: B009
+            "deviceProperties": getattr(doc, "deviceProperties")}  # noqa: B009
+    except msgspec.ValidationError:
+        pass
+    loaded = orjson.loads(data)
+    if not isinstance(loaded, dict):
+        return loaded, {}
+    return loaded.pop("traceEvents", None), loaded
+
+
 class _Reframe(Exception):
     """The streaming framing guessed wrong; decode the whole document instead."""
 
@@ -195,7 +244,7 @@ class _Reframe(Exception):
 def _open(path: Path) -> IO[bytes]:
     with open(path, "rb") as probe:
         magic = probe.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+    return cast(IO[bytes], gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb"))
 
 
 # ---------------------------------------------------------------- streaming the array
@@ -224,11 +273,7 @@ def _event_chunks(path: Path, acc: _Accumulator) -> Iterator[list[Any]]:
             cut = _last_boundary(buf)
             if cut is None:
                 continue
-            try:
-                events = orjson.loads(b"[" + buf[:cut] + b"]")
-            except orjson.JSONDecodeError:
-                raise _Reframe() from None
-            yield events
+            yield _decode_list(b"[" + buf[:cut + 1] + b"]")
             buf = buf[cut + 1:].lstrip()[1:]  # drop the ',' between events
         tail = _tail(buf, head)
         if tail is None:
@@ -270,34 +315,27 @@ def _last_boundary(buf: bytes) -> int | None:
 
 def _tail(buf: bytes, head: bytes) -> tuple[list[Any], dict[str, Any]] | None:
     """Decode the last events plus any keys after the array (``]`` ``, "traceName": ..}``)."""
-    bare = head.lstrip()[:1] == b"["
     try:
-        doc = orjson.loads((b"[" if bare else b'{"traceEvents":[') + buf)
-    except orjson.JSONDecodeError:
+        if head.lstrip()[:1] == b"[":
+            return _decode_list(b"[" + buf), {}
+        events, rest = _decode_doc(b'{"traceEvents":[' + buf)
+    except (_Reframe, msgspec.DecodeError, orjson.JSONDecodeError):
         return None
-    if bare:
-        return (doc if isinstance(doc, list) else []), {}
-    events = doc.pop("traceEvents", [])
-    return (events if isinstance(events, list) else []), doc
+    return (events if isinstance(events, list) else []), rest
 
 
 def _whole(data: bytes, path: Path, acc: _Accumulator) -> Iterator[list[Any]]:
     try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
+        bare = data.lstrip()[:1] == b"["
+        events, rest = (_decode_list(data), {}) if bare else _decode_doc(data)
+    except (_Reframe, msgspec.DecodeError, orjson.JSONDecodeError) as exc:
         raise TraceFormatError(
-            f"{path}: not valid JSON ({exc}); expected a PyTorch profiler trace. The file "
-            "may be truncated or still being written.") from exc
-    if isinstance(doc, dict):
-        events = doc.pop("traceEvents", None)
-        if not isinstance(events, list):
-            raise TraceFormatError(
-                f"{path}: JSON object without a 'traceEvents' array; expected a PyTorch "
-                "profiler (Kineto) trace.")
-        acc.header(doc)
-    elif isinstance(doc, list):
-        events = doc
-    else:
-        raise TraceFormatError(f"{path}: JSON {type(doc).__name__}, expected a trace object")
+            f"{path}: not valid JSON ({exc or 'malformed'}); expected a PyTorch profiler "
+            "trace. The file may be truncated or still being written.") from None
+    if not isinstance(events, list):
+        raise TraceFormatError(
+            f"{path}: no 'traceEvents' array of events; expected a PyTorch profiler (Kineto) "
+            "trace (a JSON object with 'traceEvents').")
+    acc.header(rest)
     yield events
 
