@@ -6,7 +6,7 @@ GRAPH mode, CPU: forward+backward and the update are two compiled functions, eac
 this script itself (epoch seconds) so the tests can check the profile's phase split against
 them. ``mindspore.amp.DynamicLossScaler`` scales the loss. --dp: data parallel under msrun
 (gradients all-reduced by a DistributedGradReducer in the "comm" phase; rank 1 is slowed
-by 40 ms of sleep inside its forward/backward phase, a simulated straggler).
+by 100 ms of sleep inside its forward/backward phase, a simulated straggler).
 Prints one JSON line with the self-timed windows per step.
 """
 
@@ -23,7 +23,7 @@ from mindspore import amp, nn
 from stepscope.integrations.mindspore import LoopRecorder
 
 VOCAB, SEQ, D, BATCH = 64, 16, 32, 4
-STRAGGLER_SLEEP_S = 0.04
+STRAGGLER_SLEEP_S = 0.1
 
 
 class TinyLM(nn.Cell):
