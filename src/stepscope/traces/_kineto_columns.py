@@ -74,13 +74,15 @@ class _Accumulator:
     """Collects columns chunk by chunk; ``finish`` links and returns the EventTable."""
 
     def __init__(self, path: Path, event_fields: Sequence[_FieldLike],
-                 arg_fields: Sequence[_FieldLike], classify: Classifier) -> None:
+                 arg_fields: Sequence[_FieldLike], classify: Classifier,
+                 no_args: Any = None) -> None:
         self.path = path
         self.keys = [f.raw for f in event_fields]
         self.columns = [f.column for f in event_fields]
         self.defaults = [f.default for f in event_fields]
         self.arg_keys = [f.raw for f in arg_fields]
         self.arg_columns = [f.column for f in arg_fields]
+        self.no_args = no_args  # the struct decoder's args object with every default
         self.arg_defaults = [f.default for f in arg_fields]
         self.classify = classify
         self.names: dict[str, int] = {}
@@ -113,17 +115,16 @@ class _Accumulator:
             self._add_dicts(events)
 
     def _add_structs(self, events: list[Any]) -> None:
-        for e in events:
-            if e.ph == "M" and e.name == "thread_name" and e.args is not None:
+        for e in [e for e in events if e.ph == "M"]:
+            if e.name == "thread_name" and e.args is not None:
                 self._thread_name(e.tid, e.args.label)
         xs = [e for e in events if e.ph == "X"]
         kept = [e for e in xs if e.dur_us is not None]
         self.meta["skipped_events"] += len(xs) - len(kept)
+        # map(attrgetter) runs in C; events without args get the defaults of the table.
         cols = {c: list(map(attrgetter(c), kept)) for c in self.columns}
-        args = [e.args for e in kept]
-        stream, corr, coll = ([getattr(a, c) if a is not None else d for a in args]
-                              for c, d in zip(self.arg_columns[:3], self.arg_defaults[:3],
-                                              strict=True))
+        args = [a if a is not None else self.no_args for a in map(attrgetter("args"), kept)]
+        stream, corr, coll = (list(map(attrgetter(c), args)) for c in self.arg_columns[:3])
         self._append(cols["start_us"], cols["dur_us"], cols["name"], cols["cat"],
                      cols["tid"], stream, corr, [c is not None for c in coll])
 
@@ -172,7 +173,10 @@ class _Accumulator:
     def _intern(self, values: list[Any], table: dict[str, int]) -> list[int]:
         if set(map(type, values)) - {str}:
             values = [v if type(v) is str else str(v) for v in values]
-        return [table.setdefault(v, len(table)) for v in values]
+        for v in dict.fromkeys(values):  # new strings get the next ids, in order
+            if v not in table:
+                table[v] = len(table)
+        return list(map(table.__getitem__, values))
 
     def _append(self, ts: list[Any], dur: list[Any], name: list[Any], cat: list[Any],
                 tid: list[Any], stream: list[Any], corr: list[Any], coll: list[bool]) -> None:

@@ -175,7 +175,7 @@ def read(path: Path) -> EventTable:
 
 
 def _new_accumulator(path: Path) -> _Accumulator:
-    return _Accumulator(path, EVENT_FIELDS, ARG_FIELDS, _classify)
+    return _Accumulator(path, EVENT_FIELDS, ARG_FIELDS, _classify, _Args())
 
 
 def _classify(cat: str, name: str, collective: bool) -> tuple[str, bool]:
