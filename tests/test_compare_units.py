@@ -17,7 +17,8 @@ from markdown_it import MarkdownIt
 from stepscope.analysis.compare import batch_trap, compare_runs, diff_fingerprints
 from stepscope.analysis.quality_ledger import eval_record, quality_ledger
 from stepscope.analysis.scaling import scaling
-from stepscope.analysis.speed_ledger import speed_ledger, step_sample
+from stepscope.analysis.speed_ledger import speed_ledger
+from stepscope.analysis.speed_sample import step_sample
 from stepscope.analysis.summary import summarize
 from stepscope.report.markdown_tables import comparison_markdown, md_table, scaling_markdown
 from stepscope.schema import RunMeta, StepTable
