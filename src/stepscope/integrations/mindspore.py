@@ -40,11 +40,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from ..envinfo import code_version, cpu_model_name, host_environment, process_memory_bytes
+from ..envinfo import code_version, cpu_model_name, host_environment
 from ..recorder import Recorder, Step
-from .crossrank import WindowStats, cross_rank_event
-from .losscheck import LossWatch, find_loss
+from .losscheck import find_loss
 from .mindspore_profile import ProfileCapture
+from .session import StepSession
 
 __all__ = [
     "StepscopeCallback", "LoopRecorder", "environment", "device_info", "model_fingerprint",
@@ -54,7 +54,6 @@ __all__ = [
 
 T = TypeVar("T")
 MEM_SOURCE = "process peak RSS (VmHWM from /proc/self/status, lifetime)"
-_CROSS_NAMES = ("step_time_s", "data_wait_s", "compute_s")
 
 
 def _ms() -> Any:
@@ -166,74 +165,24 @@ def batch_counts(batch: Any, tokens_per_sample: float | None = None) -> tuple[fl
     return (float(math.prod(shape)) if len(shape) == 2 and is_int else math.nan), samples
 
 
-class _Core:
-    """What the callback and the loop recorder share: recorder, loss watch, gather, capture."""
+def _all_gather(values: list[float]) -> list[list[float]]:
+    """Every rank's ``values`` (float32), gathered with ``mindspore.ops.AllGather``."""
+    ms = _ms()
+    import numpy as np
 
-    def __init__(self, run_dir: str | os.PathLike[str], meta: dict[str, Any] | None,
-                 profile_steps: tuple[int, int] | None, cross_rank_every: int,
-                 rank: int | None, loss_source: str) -> None:
-        r, self.world = rank_and_world()
-        self.rank = r if rank is None else rank
-        self.rec = Recorder(run_dir, meta=meta, rank=self.rank)
-        self.watch = LossWatch(loss_source)
-        self.window = WindowStats(_CROSS_NAMES)
-        self.every = int(cross_rank_every) if self.world > 1 else 0
-        self.capture = (ProfileCapture(self.rec.run, profile_steps, self.rank, self.world)
-                        if profile_steps else None)
-        self._gather: Any = None
-        self._t0 = 0.0
-        self._wait = 0.0
+    out = ms.ops.AllGather()(ms.Tensor(np.asarray([values], dtype=np.float32)))
+    return [list(map(float, r)) for r in out.asnumpy()]
 
-    def begin(self, step: int, tokens: float, samples: float, wait_s: float = 0.0) -> None:
-        if self.capture is not None:
-            self.capture.before_step(step)
-        self._wait = wait_s
-        self.rec.start_step(tokens, samples)
-        self._t0 = time.perf_counter()
 
-    def end(self, step: int, values: dict[str, float], loss: float | None, what: str) -> None:
-        """Close the step: loss check, memory, record, capture, cross-rank gather."""
-        finding = self.watch.observe(step, loss, what)
-        if finding is not None:
-            finding.rank = self.rank
-            self.rec.run.append_event({"type": "finding", **finding.to_dict()})
-        if loss is not None:
-            values["loss"] = loss
-        values["mem_peak_bytes"], values["mem_alloc_bytes"] = process_memory_bytes()
-        comm = self.rec.open_value("comm_s")
-        self.rec.log(**values)
-        step_time = time.perf_counter() - self._t0 + self._wait
-        self.rec.end_step()
-        if self.capture is not None:
-            self.capture.after_step(step)
-        if self.capture is None or not self.capture.active(step):  # profiled: distorted
-            self.window.add(step_time_s=step_time, data_wait_s=self._wait,
-                            compute_s=step_time - self._wait - (comm if comm == comm else 0.0))
-        if self.every and (step + 1) % self.every == 0:
-            gathered = self._all_gather(self.window.medians())
-            if self.rank == 0 and gathered is not None:
-                self.rec.run.append_event(cross_rank_event(step, _CROSS_NAMES, gathered,
-                                                           "compute_s"))
-
-    def _all_gather(self, values: list[float]) -> list[list[float]] | None:
-        ms = _ms()
-        import numpy as np
-
-        try:
-            if self._gather is None:
-                self._gather = ms.ops.AllGather()
-            out = self._gather(ms.Tensor(np.asarray([values], dtype=np.float32)))
-            return [list(map(float, r)) for r in out.asnumpy()]
-        except Exception as exc:  # a failing gather must not stop training: say so once
-            self.every = 0
-            self.rec.run.append_event({"type": "warning", "rank": self.rank,
-                                       "message": f"cross-rank gather disabled: {exc}"})
-            return None
-
-    def close(self, status: str = "finished", error: str | None = None) -> None:
-        if self.capture is not None:
-            self.capture.close()
-        self.rec.close(status=status, error=error)
+def _session(run_dir: str | os.PathLike[str], meta: dict[str, Any],
+             profile_steps: tuple[int, int] | None, every: int, rank: int | None,
+             loss_source: str) -> StepSession:
+    r, world = rank_and_world()
+    r = r if rank is None else rank
+    rec = Recorder(run_dir, meta=meta, rank=r)
+    capture = ProfileCapture(rec.run, profile_steps, r, world) if profile_steps else None
+    return StepSession(rec, rank=r, world=world, loss_source=loss_source, gather=_all_gather,
+                       every=every, capture=capture)
 
 
 def _base_meta(meta: dict[str, Any] | None, net: Any, optimizer: Any) -> dict[str, Any]:
@@ -279,7 +228,7 @@ class StepscopeCallback(_callback_base()):  # type: ignore[misc]
         self.run_dir = run_dir
         self._args = (meta, profile_steps, cross_rank_every, rank)
         self.tokens_per_sample = tokens_per_sample
-        self.core: _Core | None = None
+        self.core: StepSession | None = None
         self._t_last = 0.0
         self._step = 0
 
@@ -288,8 +237,8 @@ class StepscopeCallback(_callback_base()):  # type: ignore[misc]
         meta, profile_steps, every, rank = self._args
         m = _base_meta(meta, getattr(p, "network", None), getattr(p, "optimizer", None))
         m.setdefault("config", {})["stepscope_integration"] = "mindspore Model.train callback"
-        self.core = _Core(self.run_dir, m, profile_steps, every, rank,
-                          "the training network's outputs")
+        self.core = _session(self.run_dir, m, profile_steps, every, rank,
+                             "the training network's outputs")
         self._t_last = time.perf_counter()
 
     def on_train_epoch_begin(self, run_context: Any) -> None:
@@ -345,8 +294,8 @@ class LoopRecorder:
         cfg["phase_note"] = ("forward_backward_s: mindspore.value_and_grad runs forward and "
                              "backward in one call; the host cannot time them apart "
                              "(profile_steps splits them by op name)")
-        self.core = _Core(run_dir, m, profile_steps, cross_rank_every, rank,
-                          "the custom loop")
+        self.core = _session(run_dir, m, profile_steps, cross_rank_every, rank,
+                             "the custom loop")
         self.optimizer, self.scaler = optimizer, scaler
         self.tokens_per_sample = tokens_per_sample
         self._step = 0

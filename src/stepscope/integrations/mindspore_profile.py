@@ -127,4 +127,12 @@ class ProfileCapture:
         record["phase_busy_us"] = {str(k): {p: v for p, v in d.items() if not math.isnan(v)}
                                    for k, d in busy.items()}
         record["phase_names"] = list(PHASE_NAMES)
+        try:  # the trace analysis' own view of the same profile (idle, overlap, phases)
+            from ..analysis.breakdown import analyze
+
+            ranks = analyze([table]).to_dict().get("ranks", {})
+            record["breakdown"] = {r: {k: v for k, v in row.items() if k != "steps"}
+                                   for r, row in ranks.items()}
+        except Exception as exc:  # archived either way; the event says why no breakdown
+            record["breakdown_error"] = f"{type(exc).__name__}: {exc}"
         return record
