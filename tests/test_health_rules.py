@@ -301,3 +301,25 @@ def test_robust_stats_helpers() -> None:
     assert spearman(np.arange(5.0), np.arange(5.0) ** 2) == pytest.approx(1.0)
     assert best_split(np.array([1.0] * 20 + [5.0] * 20), min_segment=5) == 20
     assert best_split(np.ones(5), min_segment=5) is None
+
+
+def _phased(scale_compute: float, extra_other: float) -> StepTable:
+    """Steps of forward 0.03 + backward 0.05 + optimizer 0.01 + 0.01 other; from step 50 the
+    compute phases are scaled and ``extra_other`` seconds are added outside them."""
+    s = np.arange(N)
+    late = s >= 50
+    fw = np.where(late, 0.03 * scale_compute, 0.03)
+    bw = np.where(late, 0.05 * scale_compute, 0.05)
+    opt = np.where(late, 0.01 * scale_compute, 0.01)
+    st = fw + bw + opt + 0.01 + np.where(late, extra_other, 0.0)
+    st[0] = 1.0
+    return _base(step_time_s=st, end_s=np.cumsum(st), forward_s=fw, backward_s=bw,
+                 optimizer_s=opt, data_wait_s=np.zeros(N))
+
+
+def test_uniform_slowdown_is_the_host_and_a_phase_slowdown_is_named() -> None:
+    (f,) = check_health(_phased(1.5, 0.0))  # everything 1.5x slower: a busier host
+    assert (f.category, f.severity, f.evidence["uniform_slowdown"]) == (
+        "throughput_regression", "info", True)
+    (f,) = check_health(_phased(1.0, 0.05))  # 50 ms more outside the phases
+    assert (f.severity, f.evidence["slower_phase"], f.steps) == ("warning", "other", (50, 99))

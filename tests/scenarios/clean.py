@@ -22,8 +22,8 @@ X = torch.randn(8192, 64)
 y = (X @ torch.randn(64, 8)).argmax(1)
 y[torch.rand(len(y)) < 0.1] = torch.randint(0, 8, (1,)).item()  # label noise: loss > 0
 loader = DataLoader(TensorDataset(X, y), batch_size=128, shuffle=True, drop_last=True)
-model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                      nn.Linear(512, 8))
+model = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                      nn.Linear(1024, 8))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 sched = torch.optim.lr_scheduler.LambdaLR(
     opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / args.steps))

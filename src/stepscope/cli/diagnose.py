@@ -127,7 +127,7 @@ def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,
     return table
 
 
-@cli.command("isolate", context_settings={"allow_interspersed_args": False})
+@cli.command("isolate")
 @click.argument("what", type=click.Choice(["data", "comm"]))
 @click.option("--steps", default=30, show_default=True, type=click.IntRange(min=1),
               help="steps measured after warm-up in each run")
