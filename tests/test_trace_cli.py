@@ -86,3 +86,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert str(bad) in res.stderr
     res = _run("trace", str(_trace(tmp_path)), "--steps", "a:b")
     assert res.returncode == 2 and "expected 'a:b'" in res.stderr
+
+
+def test_run_directory_means_its_latest_profile(tmp_path: Path) -> None:
+    from stepscope.schema import RunMeta
+    from stepscope.store import RunDir
+    run = RunDir.create(tmp_path / "run", RunMeta(run_id="r1"))
+    prof = run.new_profile_dir()
+    _trace(prof)
+    code, out = _invoke("trace", str(run.path), "--json")
+    assert code == 0, out
+    assert json.loads(out)["ranks"]["0"]["source"].startswith(str(prof))
+    empty = RunDir.create(tmp_path / "run2", RunMeta(run_id="r2"))
+    code, out = _invoke("trace", str(empty.path))
+    assert code != 0

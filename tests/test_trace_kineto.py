@@ -111,3 +111,30 @@ def test_broken_files_name_the_file(tmp_path: Path) -> None:
     q.write_bytes(gzip.decompress(gzip.compress(b'{"traceEvents": [{"ph": "X", "ts": [1]')))
     with pytest.raises(TraceFormatError, match="u.json"):
         kineto.read(q)
+
+
+@pytest.mark.xdist_group("trace_cpu")
+def test_cpu_fixture_numbers_from_its_readme(shared_data: Path) -> None:
+    """../shared/data/traces/kineto-cpu/README.md lists a per-step breakdown (ms, union of
+    intervals); the step rows reproduce it to 0.1 ms."""
+    from stepscope.analysis.breakdown import analyze
+    report = analyze(read_trace(shared_data / "traces/kineto-cpu/ddp2_gloo_full"))
+    readme = {  # (rank, step): dur, compute, comm, overlap, exposed comm, data, idle
+        (0, 2): (1093.6, 989.7, 338.2, 300.4, 37.7, 30.9, 35.5),
+        (0, 3): (1153.3, 912.8, 494.1, 306.8, 187.3, 30.8, 22.7),
+        (1, 2): (1081.3, 1019.2, 129.8, 119.5, 10.3, 30.9, 21.1),
+    }
+    for (rank, step), want in readme.items():
+        row = next(r for r in report.ranks[rank].steps if r.step == step)
+        got = (row.step_time_us, row.compute_us, row.comm_us, row.comm_overlapped_us,
+               row.comm_exposed_us, row.data_us, row.no_activity_us)
+        assert [round(g / 1000, 1) for g in got] == pytest.approx(list(want), abs=0.11)
+
+
+def test_parallel_and_serial_reads_agree(shared_data: Path) -> None:
+    d = shared_data / "traces/kineto-cpu/ddp2_gloo_basic"
+    serial = read_trace(d, processes=1)
+    parallel = read_trace(d, processes=2)
+    assert [t.meta["rank"] for t in parallel] == [0, 1]
+    for a, b in zip(serial, parallel, strict=True):
+        assert np.array_equal(a.start_us, b.start_us) and a.names == b.names

@@ -4,7 +4,8 @@
     stepscope trace diff A B [--hta-compatible] [--steps a:b] [--json]
 
 PATH: a PyTorch profiler trace (.json/.json.gz), a directory of per-rank traces (e.g. a
-run's ``profiles/<timestamp>/``), or a MindSpore profiler directory (``*_ascend_ms``).
+run's ``profiles/<timestamp>/``), a MindSpore profiler directory (``*_ascend_ms``), or a run
+directory (its latest archived profile is used).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from rich.console import Console
 
 from ..analysis.breakdown import analyze, parse_steps
 from ..analysis.tracediff import diff_reports
+from ..errors import RunDirError
 from ..report.trace_view import render_trace_diff, render_trace_report
+from ..schema import EventTable
+from ..store import RunDir, is_run_dir
 from ..traces import read_trace
 from . import cli
 
@@ -33,6 +37,21 @@ class _TraceGroup(click.Group):
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
             args = ["show", *args]
         return super().parse_args(ctx, args)
+
+
+def _resolve(path: Path) -> Path:
+    """A run directory stands for its latest archived profile."""
+    if not is_run_dir(path):
+        return path
+    dirs = RunDir.open(path).profile_dirs()
+    if not dirs:
+        raise RunDirError(f"{path} is a run directory without archived profiles "
+                          "(profiles/<timestamp>/); pass a trace file or profile directory")
+    return dirs[-1]
+
+
+def _read(paths: list[Path]) -> list[EventTable]:
+    return read_trace([_resolve(p) for p in paths])
 
 
 def _emit_json(obj: Any) -> None:
@@ -70,7 +89,7 @@ def trace_group() -> None:
 def show_cmd(paths: tuple[Path, ...], hta_compatible: bool, steps: str | None, top: int,
              as_json: bool) -> None:
     """Analyse PATH (trace file, directory of per-rank traces, or MindSpore directory)."""
-    report = analyze(read_trace(list(paths)), hta_compatible=hta_compatible,
+    report = analyze(_read(list(paths)), hta_compatible=hta_compatible,
                      steps=parse_steps(steps), top=max(top, 20))
     if as_json:
         _emit_json(report.to_dict())
@@ -87,10 +106,12 @@ def show_cmd(paths: tuple[Path, ...], hta_compatible: bool, steps: str | None, t
 @_json_opt
 def diff_cmd(a: Path, b: Path, hta_compatible: bool, steps: str | None, top: int,
              as_json: bool) -> None:
-    """Compare trace B against baseline A, per phase and per op (per step)."""
+    """Compare trace B against baseline A, per phase and per op (per step).
+
+    A and B: trace files, profile directories, or run directories (latest profile)."""
     sel = parse_steps(steps)
-    rep_a = analyze(read_trace(a), hta_compatible=hta_compatible, steps=sel)
-    rep_b = analyze(read_trace(b), hta_compatible=hta_compatible, steps=sel)
+    rep_a = analyze(_read([a]), hta_compatible=hta_compatible, steps=sel)
+    rep_b = analyze(_read([b]), hta_compatible=hta_compatible, steps=sel)
     diff = diff_reports(rep_a, rep_b)
     if as_json:
         _emit_json({"a": str(a), "b": str(b), **diff.to_dict()})
