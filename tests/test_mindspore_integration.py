@@ -210,6 +210,12 @@ def test_demo_small_config(tmp_path: Path) -> None:
     meta = RunDir.open(tmp_path / "demo").read_meta()
     assert meta.baseline["model_name"] == "stepscope-demo-gpt"
     assert meta.environment["framework"] == "mindspore"
+    torch_gpt = pytest.importorskip("stepscope.demo.torch_gpt")
+    small = torch_gpt.GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=32)
+    n = sum(p.numel() for p in torch_gpt.GPT(small).parameters())
+    assert meta.baseline["num_params"] == n  # the same model in both frameworks
+    assert meta.environment["flops_per_token"] == torch_gpt.model_flops(small, n)[
+        "flops_per_token"]
 
 
 def test_demo_config_matches_torch_demo() -> None:

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -116,13 +117,17 @@ def _lr_at(step: int, tc: TrainConfig, total: int) -> float:
 
 
 def _model_flops(cfg: GPTConfig, n_params: int) -> dict[str, Any]:
+    """FLOPs per token as ``torch_gpt.model_flops`` computes them (same spec, same model)."""
     try:
         from ..calc.flops import ModelSpec, flops_per_token
     except ImportError:  # calculator absent: MFU shows as unavailable
         return {}
     spec = ModelSpec(layers=cfg.n_layer, hidden=cfg.d_model, heads=cfg.n_head,
                      ffn_hidden=4 * cfg.d_model, vocab=cfg.vocab_size, seq_len=cfg.seq_len,
-                     tied_embeddings=True, params=n_params)
+                     tied_embeddings=True, position_embeddings=cfg.seq_len,
+                     linear_bias=True, norm_bias=True)
+    if int(spec.num_params()) != n_params:  # the spec no longer describes the model
+        spec = dataclasses.replace(spec, params=n_params)
     est = flops_per_token(spec)
     return {"flops_per_token": est.flops_per_token,
             "hardware_flops_per_token": est.hardware_flops_per_token,

@@ -49,6 +49,7 @@ from .session import StepSession
 __all__ = [
     "StepscopeCallback", "LoopRecorder", "environment", "device_info", "model_fingerprint",
     "optimizer_lr", "loss_scale", "grad_norm", "batch_counts", "rank_and_world", "to_float",
+    "peak_flops",
     "MEM_SOURCE",
 ]
 
@@ -98,8 +99,30 @@ def environment(code_path: str = ".") -> dict[str, Any]:
     env["device_name"] = device_info()["device_name"]
     mode = ms.get_context("mode")
     env["execution_mode"] = "graph" if mode == ms.GRAPH_MODE else "pynative"
+    peak, source = peak_flops("fp32")
+    env["peak_flops_source"] = source
+    if peak:
+        env["peak_flops_per_device"] = peak
     env.update(code_version(code_path))
     return env
+
+
+def peak_flops(dtype: str = "fp32") -> tuple[float | None, str]:
+    """Dense peak FLOP/s of one device and its source, from ``stepscope.calc``; on the CPU
+    for the cores this process may run on. (None, why) when unknown: MFU then shows as
+    unavailable, never guessed."""
+    info = device_info()
+    from ..calc import hardware
+
+    if info["device_kind"] == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        entry = hardware.host_cpu_peak(dtype, cores=cores)
+    else:
+        entry = hardware.lookup_peak(info["device_name"], dtype)
+    if entry is None:
+        return None, (f"no peak FLOP/s known for {info['device_name']!r} ({dtype}); "
+                      "pass --peak-tflops to get MFU")
+    return float(entry.flops), str(entry.source)
 
 
 def model_fingerprint(net: Any) -> dict[str, Any]:
