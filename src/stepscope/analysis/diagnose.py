@@ -82,7 +82,7 @@ def _event_findings(events: Sequence[Mapping[str, Any]], n_ranks: int) -> list[F
                 out.append(Finding(
                     category=ev["category"], severity=ev.get("severity", "info"),
                     message=str(ev.get("message", "")), evidence=dict(ev.get("evidence", {})),
-                    steps=tuple(steps) if steps else None,  # type: ignore[arg-type]
+                    steps=(int(steps[0]), int(steps[-1])) if steps else None,
                     rank=ev.get("rank"), recommendation=str(ev.get("recommendation", "")),
                     confidence=float(ev.get("confidence", 1.0)), rule=str(ev.get("rule", ""))))
             except (ValueError, TypeError):

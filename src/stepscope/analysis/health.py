@@ -2,7 +2,7 @@
 
 One entry point, :func:`check_health`, runs every rule in :data:`RULES` and returns the
 findings, most severe first. Each rule is a pure function ``rule(ctx) -> list[Finding]``
-in one of three modules, documented there with its source and thresholds:
+in one of four modules, documented there with its source and thresholds:
 
 * ``health_numerics``: non-finite loss/grad norm, overflow skips, loss spikes (OLMo robust
   z over a trailing window; LLM-Foundry sustained 2x), gradient-norm jumps/growth/vanishing
@@ -10,7 +10,8 @@ in one of three modules, documented there with its source and thresholds:
 * ``health_training``: LR restarts and peak/warm-up vs run.json, convergence (flat early
   slope, plateau, divergence), logging (steps advance but no loss recorded).
 * ``health_system``: data-wait share, exposed communication, memory creep/pattern,
-  throughput regressions and drift, stragglers, stalls (also live, with ``now_wall_s``).
+  throughput regressions and drift (naming the slower phase, or a uniformly slower host).
+* ``health_ranks``: stragglers, stalls (also live, with ``now_wall_s``).
 
 Every threshold lives in :class:`HealthConfig`. Warm-up steps are excluded with the
 sheet's own ``steady_mask`` (one definition for the whole project).
@@ -36,14 +37,8 @@ from .health_numerics import (
     rule_numerics,
     rule_overflow,
 )
-from .health_system import (
-    rule_comm,
-    rule_data_wait,
-    rule_memory,
-    rule_stall,
-    rule_straggler,
-    rule_throughput,
-)
+from .health_ranks import rule_stall, rule_straggler
+from .health_system import rule_comm, rule_data_wait, rule_memory, rule_throughput
 from .health_training import rule_convergence, rule_logging, rule_lr_schedule
 from .summary import steady_mask
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..schema import RunMeta, StepTable
+from ..schema import AnyArray, RunMeta, StepTable
 
 __all__ = ["HealthConfig", "HealthContext"]
 
@@ -167,6 +165,6 @@ class HealthContext:
     table: StepTable
     meta: RunMeta | None
     config: HealthConfig
-    steady: np.ndarray
+    steady: AnyArray
     now_wall_s: float | None = None
     notes: list[str] = field(default_factory=list)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..schema import AnyArray
 from .findings import Finding
 from .health_config import HealthContext
 from .health_stats import (
@@ -30,7 +31,7 @@ __all__ = ["nonfinite_index", "rule_numerics", "rule_overflow", "rule_loss_spike
            "rule_grad_norm", "rule_loss_scale", "backoff_steps"]
 
 
-def nonfinite_index(values: np.ndarray, steps: np.ndarray) -> np.ndarray:
+def nonfinite_index(values: AnyArray, steps: AnyArray) -> AnyArray:
     """Indices of values that are non-finite, or missing inside an every-step series.
 
     A column counts as recorded every step when consecutive recorded steps are one apart
@@ -49,14 +50,14 @@ def nonfinite_index(values: np.ndarray, steps: np.ndarray) -> np.ndarray:
     return np.flatnonzero(gap | explicit)
 
 
-def _overflow_at(table_overflow: np.ndarray) -> np.ndarray:
+def _overflow_at(table_overflow: AnyArray) -> AnyArray:
     return np.nan_to_num(table_overflow, nan=0.0) >= 1
 
 
 def rule_numerics(ctx: HealthContext) -> list[Finding]:
     """NaN/Inf loss or gradient norm (not counting fp16 overflow steps that were skipped)."""
     t = ctx.table
-    hits: list[tuple[int, np.ndarray, list[str], float]] = []
+    hits: list[tuple[int, AnyArray, list[str], float]] = []
     for r in t.ranks():
         steps, loss = rank_series(t, r, "loss")
         _, gn = rank_series(t, r, "grad_norm")
@@ -154,7 +155,7 @@ def rule_loss_spikes(ctx: HealthContext) -> list[Finding]:
     return out
 
 
-def _spike_finding(steps: np.ndarray, x: np.ndarray, med: np.ndarray, z: np.ndarray,
+def _spike_finding(steps: AnyArray, x: AnyArray, med: AnyArray, z: AnyArray,
                    a: int, b: int, rank: int, sustained: bool) -> Finding:
     peak = a + int(np.nanargmax(x[a: b + 1]))
     ratio = float(x[peak] / med[a]) if med[a] else float("inf")
@@ -176,11 +177,12 @@ def _spike_finding(steps: np.ndarray, x: np.ndarray, med: np.ndarray, z: np.ndar
     )
 
 
-def backoff_steps(table_steps: np.ndarray, scale: np.ndarray) -> np.ndarray:
+def backoff_steps(table_steps: AnyArray, scale: AnyArray) -> AnyArray:
     """Steps at which the dynamic loss scale decreased (a backoff after an overflow)."""
     ok = np.isfinite(scale)
     s, st = scale[ok], table_steps[ok]
-    return st[1:][s[1:] < s[:-1]]
+    out: AnyArray = st[1:][s[1:] < s[:-1]]
+    return out
 
 
 def rule_grad_norm(ctx: HealthContext) -> list[Finding]:
@@ -217,7 +219,7 @@ def rule_grad_norm(ctx: HealthContext) -> list[Finding]:
     return out
 
 
-def _jump_finding(steps: np.ndarray, g: np.ndarray, med: np.ndarray, rank: int,
+def _jump_finding(steps: AnyArray, g: AnyArray, med: AnyArray, rank: int,
                   periodic: bool, coinciding: int) -> Finding:
     s0, s1 = int(steps[0]), int(steps[-1])
     factor = float(np.max(g / med))
@@ -241,7 +243,7 @@ def _jump_finding(steps: np.ndarray, g: np.ndarray, med: np.ndarray, rank: int,
     )
 
 
-def _trend_finding(kind: str, first: float, last: float, steps: np.ndarray,
+def _trend_finding(kind: str, first: float, last: float, steps: AnyArray,
                    rank: int) -> Finding:
     what = "explosion (sustained growth)" if kind == "grows" else "vanishing gradients"
     rec = ("Lower the LR or add/adjust gradient clipping; check for an LR schedule that "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..schema import StepTable
+from ..schema import AnyArray, StepTable
 
 __all__ = [
     "MAD_TO_SIGMA", "robust_sigma", "trailing_median", "trailing_robust_z", "runs_of",
@@ -24,7 +24,7 @@ __all__ = [
 MAD_TO_SIGMA = 1.4826
 
 
-def robust_sigma(x: np.ndarray) -> float:
+def robust_sigma(x: AnyArray) -> float:
     """1.4826 x median absolute deviation of the finite values (0.0 when none)."""
     x = x[np.isfinite(x)]
     if not x.size:
@@ -32,13 +32,13 @@ def robust_sigma(x: np.ndarray) -> float:
     return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
 
 
-def _windows(x: np.ndarray, window: int) -> np.ndarray:
+def _windows(x: AnyArray, window: int) -> AnyArray:
     """Row i holds the ``window`` values strictly before i (NaN-padded at the start)."""
     pad = np.concatenate([np.full(window, np.nan), x[:-1]]) if x.size else x
     return sliding_window_view(pad, window) if x.size else np.empty((0, window))
 
 
-def trailing_median(x: np.ndarray, window: int, min_periods: int) -> np.ndarray:
+def trailing_median(x: AnyArray, window: int, min_periods: int) -> AnyArray:
     """Median of the finite values among the ``window`` values before each position."""
     w = _windows(x, window)
     out = np.full(x.shape, np.nan)
@@ -51,8 +51,8 @@ def trailing_median(x: np.ndarray, window: int, min_periods: int) -> np.ndarray:
     return out
 
 
-def trailing_robust_z(x: np.ndarray, window: int, min_periods: int,
-                      rel_floor: float = 0.01) -> np.ndarray:
+def trailing_robust_z(x: AnyArray, window: int, min_periods: int,
+                      rel_floor: float = 0.01) -> AnyArray:
     """Robust z-score of each value against the trailing window (non-finite excluded).
 
     z_i = (x_i - median_w) / max(1.4826 MAD_w, rel_floor |median_w|); NaN where the window
@@ -75,7 +75,7 @@ def trailing_robust_z(x: np.ndarray, window: int, min_periods: int,
     return z
 
 
-def runs_of(mask: np.ndarray) -> list[tuple[int, int]]:
+def runs_of(mask: AnyArray) -> list[tuple[int, int]]:
     """Index ranges ``(first, last)`` (inclusive) of consecutive True values."""
     if not mask.size:
         return []
@@ -86,7 +86,7 @@ def runs_of(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
 
 
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
+def spearman(x: AnyArray, y: AnyArray) -> float:
     """Spearman rank correlation (no tie correction; 0.0 when undefined)."""
     ok = np.isfinite(x) & np.isfinite(y)
     if ok.sum() < 3:
@@ -98,7 +98,7 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def best_split(y: np.ndarray, min_segment: int, max_points: int = 400) -> int | None:
+def best_split(y: AnyArray, min_segment: int, max_points: int = 400) -> int | None:
     """Index that best splits ``y`` into two segments of different medians.
 
     Minimises the summed absolute deviation from each segment's median (an L1 single
@@ -122,7 +122,7 @@ def best_split(y: np.ndarray, min_segment: int, max_points: int = 400) -> int | 
     return None if best_k is None else best_k * block
 
 
-def rank_series(table: StepTable, rank: int, col: str) -> tuple[np.ndarray, np.ndarray]:
+def rank_series(table: StepTable, rank: int, col: str) -> tuple[AnyArray, AnyArray]:
     """(steps, values) of one rank and column, ordered by step."""
     idx = np.flatnonzero(table["rank"] == rank)
     idx = idx[np.argsort(table["step"][idx], kind="stable")]
@@ -137,7 +137,7 @@ def first_rank_with(table: StepTable, col: str) -> int | None:
     return int(table["rank"][ok].min())
 
 
-def quarter_medians(y: np.ndarray) -> tuple[float, float]:
+def quarter_medians(y: AnyArray) -> tuple[float, float]:
     """Median of the first and of the last quarter of the finite values."""
     y = y[np.isfinite(y)]
     q = max(1, y.size // 4)

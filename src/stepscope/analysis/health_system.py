@@ -1,5 +1,6 @@
 """Health rules on speed and resources: data wait, exposed communication, memory,
-throughput regressions, stragglers, stalls. Pure functions ``rule(ctx) -> list[Finding]``.
+throughput regressions (stragglers and stalls: ``health_ranks``).
+Pure functions ``rule(ctx) -> list[Finding]``.
 
 All shares are computed over steady steps (warm-up excluded, see ``summary.steady_mask``)
 as sum(phase) / sum(step_time_s), the convention of the health-check sheet.
@@ -14,20 +15,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schema import StepTable
+from ..schema import AnyArray, StepTable
 from .findings import Finding
 from .health_config import HealthContext
 from .health_stats import best_split, quarter_medians, rank_series, spearman
 
-__all__ = ["rule_data_wait", "rule_comm", "rule_memory", "rule_throughput",
-           "rule_straggler", "rule_stall", "own_time"]
+__all__ = ["rule_data_wait", "rule_comm", "rule_memory", "rule_throughput"]
 
 
-_PHASE_WORDS = {"other": "time outside the recorded phases (host work between them)",
+PHASE_WORDS = {"other": "time outside the recorded phases (host work between them)",
                 "data_wait": "data wait"}
 
 
-def _span(t: StepTable) -> tuple[int, int]:
+def span_of(t: StepTable) -> tuple[int, int]:
     return int(t["step"].min()), int(t["step"].max())
 
 
@@ -69,7 +69,7 @@ def rule_data_wait(ctx: HealthContext) -> list[Finding]:
                   "mean_data_wait_s": mean_wait,
                   "median_step_time_s": float(np.nanmedian(t["step_time_s"])),
                   "per_rank_frac": per, "impact_frac": frac},
-        steps=_span(t), rank=worst if uneven else None, confidence=0.9,
+        steps=span_of(t), rank=worst if uneven else None, confidence=0.9,
         rule="health.data_wait",
         recommendation=("Prove it: `stepscope isolate data -- <your command>` replays cached "
                         "batches; then add loader workers, prefetch and a tokenization cache"),
@@ -95,7 +95,7 @@ def rule_comm(ctx: HealthContext) -> list[Finding]:
         message=f"{what} takes {frac:.0%} of the step time",
         evidence={"comm_frac": frac, "column": col, "overlap_measured": exact,
                   "per_rank_frac": per, "impact_frac": frac},
-        steps=_span(t), rank=None, confidence=0.9 if exact else 0.6, rule="health.comm",
+        steps=span_of(t), rank=None, confidence=0.9 if exact else 0.6, rule="health.comm",
         recommendation=("Measure the bound: `stepscope isolate comm -- <your command>`; then "
                         "overlap (bigger DDP buckets, no_sync with accumulation) or shard "
                         "(ZeRO/FSDP reduce-scatter)"),
@@ -167,7 +167,7 @@ def _memory_pattern(t: StepTable, ctx: HealthContext) -> list[Finding]:
         return []
     return [Finding(category="memory", severity="info", message=msg,
                     evidence={"peak_bytes": peak, "end_of_step_bytes": held, "ratio": ratio},
-                    steps=_span(t), rank=None, confidence=0.6, rule="health.memory",
+                    steps=span_of(t), rank=None, confidence=0.6, rule="health.memory",
                     recommendation=rec)]
 
 
@@ -186,7 +186,7 @@ def rule_throughput(ctx: HealthContext) -> list[Finding]:
     return [best] if best is not None else []
 
 
-def _rate(t: StepTable, r: int) -> tuple[np.ndarray, np.ndarray, str]:
+def _rate(t: StepTable, r: int) -> tuple[AnyArray, AnyArray, str]:
     steps, st = rank_series(t, r, "step_time_s")
     _, tok = rank_series(t, r, "tokens")
     if np.isfinite(tok).all() and tok.size:
@@ -237,7 +237,7 @@ def _rank_throughput(t: StepTable, r: int, ctx: HealthContext) -> Finding | None
         msg += ("; every compute phase slowed alike: the host got slower (another process, "
                 "throttling), not the training code")
     elif phase:
-        msg += f"; the extra time is in {_PHASE_WORDS.get(phase, phase)}"
+        msg += f"; the extra time is in {PHASE_WORDS.get(phase, phase)}"
     return Finding(
         category="throughput_regression", severity="info" if uniform else "warning",
         message=msg,
@@ -255,8 +255,8 @@ _SLOW_PHASES = ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "comm_e
 _COMPUTE = ("forward_s", "backward_s", "optimizer_s")
 
 
-def _slowdown_by_phase(t: StepTable, r: int, ok: np.ndarray,
-                       sel: tuple[np.ndarray, np.ndarray]) -> tuple[str | None, bool]:
+def _slowdown_by_phase(t: StepTable, r: int, ok: AnyArray,
+                       sel: tuple[AnyArray, AnyArray]) -> tuple[str | None, bool]:
     """(phase with the largest median increase, whether the slowdown is uniform).
 
     Uniform: every compute phase slowed by at least half the step's relative slowdown and
@@ -271,7 +271,7 @@ def _slowdown_by_phase(t: StepTable, r: int, ok: np.ndarray,
     cols["other_s"] = step - sum(np.nan_to_num(v) for v in cols.values())
     b, a = sel
 
-    def med(v: np.ndarray, m: np.ndarray) -> float:
+    def med(v: AnyArray, m: AnyArray) -> float:
         x = v[m][np.isfinite(v[m])]
         return float(np.median(x)) if x.size else 0.0
 
@@ -289,158 +289,3 @@ def _slowdown_by_phase(t: StepTable, r: int, ok: np.ndarray,
 
 def _all_ranks_slow(t: StepTable, ctx: HealthContext) -> bool:
     return all(_rank_throughput(t, r, ctx) is not None for r in t.ranks())
-
-
-def own_time(t: StepTable) -> tuple[np.ndarray, str]:
-    """Per-row time a rank spends on its own work: step time minus communication wait.
-
-    In synchronous data parallelism every rank's step time is the same; the fast ranks
-    spend the difference waiting in the collective, so the straggler is the rank with the
-    most time outside communication. Falls back to data wait + forward when no
-    communication time is recorded (DDP's backward includes the collective wait).
-    """
-    st = t["step_time_s"]
-    for col in ("comm_s", "comm_exposed_s"):
-        if t.has_data(col):
-            return st - np.nan_to_num(t[col]), f"step_time_s - {col}"
-    if t.has_data("forward_s"):
-        return np.nan_to_num(t["data_wait_s"]) + t["forward_s"], "data_wait_s + forward_s"
-    return np.full(len(t), np.nan), "not measurable"
-
-
-def rule_straggler(ctx: HealthContext) -> list[Finding]:
-    """A rank consistently slower at its own work than the others (score < 0.8)."""
-    cfg = ctx.config
-    t = ctx.table.select(ctx.steady)
-    ranks = t.ranks()
-    if len(ranks) < 2:
-        return []
-    own, how = own_time(t)
-    med = {r: float(np.nanmedian(own[t["rank"] == r])) for r in ranks}
-    if not all(np.isfinite(v) and v > 0 for v in med.values()):
-        return []
-    vals = sorted(med.values())
-    ref = vals[0] if len(vals) == 2 else float(np.median(vals))
-    slow = max(med, key=lambda r: med[r])
-    score = ref / med[slow]
-    excess = med[slow] - ref
-    step_med = float(np.nanmedian(t["step_time_s"]))
-    consistent = _slow_share(t, own, slow)
-    if (score >= cfg.straggler_score or excess < cfg.straggler_min_excess_s
-            or excess < cfg.straggler_min_excess_frac * step_med
-            or consistent < cfg.straggler_consistency):
-        return []
-    phase = _phase_gap(t, slow)
-    return [Finding(
-        category="straggler", severity="warning",
-        message=(f"rank {slow} is a straggler: its own work takes {med[slow] * 1e3:.1f} ms vs "
-                 f"{ref * 1e3:.1f} ms on the others (score {score:.2f}); the other ranks wait "
-                 f"for it" + (f"; the difference is in {_PHASE_WORDS.get(phase, phase)}"
-                               if phase else "")),
-        evidence={"score": score, "rank_median_s": med[slow], "reference_median_s": ref,
-                  "per_rank_median_s": {str(r): v for r, v in med.items()},
-                  "slow_on_step_frac": consistent, "measured_as": how, "phase": phase,
-                  "impact_frac": excess / step_med if step_med > 0 else None},
-        steps=_span(t), rank=slow, confidence=0.8, rule="health.straggler",
-        recommendation=(f"Look at rank {slow}'s host (other processes, thermal throttling, "
-                        "slower device or link, uneven data shard); compare its profile with "
-                        "another rank's"),
-    )]
-
-
-def _slow_share(t: StepTable, own: np.ndarray, rank: int) -> float:
-    """Share of steps on which ``rank``'s own time is above every other rank's median."""
-    steps = np.unique(t["step"])
-    hits = total = 0
-    for s in steps:
-        m = t["step"] == s
-        if m.sum() < 2:
-            continue
-        mine = own[m & (t["rank"] == rank)]
-        others = own[m & (t["rank"] != rank)]
-        if mine.size and others.size and np.isfinite(mine[0]):
-            total += 1
-            hits += int(mine[0] > np.nanmedian(others))
-    return hits / total if total else 0.0
-
-
-def _phase_gap(t: StepTable, rank: int) -> str | None:
-    """The phase in which ``rank`` spends the most extra time vs the other ranks; "other"
-    is step time not attributed to any phase (e.g. host work outside the model)."""
-    cols = [c for c in ("data_wait_s", "forward_s", "backward_s", "optimizer_s",
-                        "comm_exposed_s") if t.has_data(c)]
-    if not cols:
-        return None
-    per = {c: t[c] for c in cols}
-    per["other_s"] = t["step_time_s"] - sum(np.nan_to_num(t[c]) for c in cols)
-    gaps = {}
-    for col, v in per.items():
-        if col == "comm_exposed_s":
-            continue  # the fast ranks' waiting, not the straggler's work
-        gaps[col] = float(np.nanmedian(v[t["rank"] == rank]) - np.nanmedian(v[t["rank"] != rank]))
-    col = max(gaps, key=lambda c: gaps[c])
-    return col.removesuffix("_s") if gaps[col] > 0 else None
-
-
-def rule_stall(ctx: HealthContext) -> list[Finding]:
-    """No step finished for k x the median step time (historical gaps, and 'now' if live)."""
-    cfg = ctx.config
-    t = ctx.table
-    out: list[Finding] = []
-    worst: tuple[float, int, int, int, float] | None = None
-    for r in t.ranks():
-        steps, end = rank_series(t, r, "end_s")
-        _, st = rank_series(t, r, "step_time_s")
-        if not np.isfinite(end).any():
-            steps, end = rank_series(t, r, "wall_time_s")
-        ok = np.isfinite(end)
-        if ok.sum() < 3:
-            continue
-        steps, end = steps[ok], end[ok]
-        med = float(np.nanmedian(st)) if np.isfinite(st).any() else float(np.median(np.diff(end)))
-        limit = max(cfg.stall_factor * med, cfg.stall_min_s)
-        gap = np.diff(end)
-        i = int(np.argmax(gap))
-        if gap[i] >= limit and (worst is None or gap[i] > worst[0]):
-            worst = (float(gap[i]), r, int(steps[i]), int(steps[i + 1]), med)
-    if worst is not None:
-        gap, r, a, b, med = worst
-        out.append(Finding(
-            category="stall", severity="warning",
-            message=(f"training stalled: no step finished for {gap:.1f} s between steps {a} "
-                     f"and {b} ({gap / med:.0f}x the median step of {med * 1e3:.1f} ms)"),
-            evidence={"gap_s": gap, "median_step_time_s": med, "factor": gap / med,
-                      "impact_frac": None},
-            steps=(a, b), rank=r if len(t.ranks()) == 1 else None, confidence=0.9,
-            rule="health.stall",
-            recommendation=("Find what ran in the gap (checkpoint save, evaluation, data "
-                            "retries, a hung collective): add a py-spy dump or a timeout "
-                            "alert on step time"),
-        ))
-    out.extend(_live_stall(ctx))
-    return out
-
-
-def _live_stall(ctx: HealthContext) -> list[Finding]:
-    t = ctx.table
-    if ctx.now_wall_s is None or not t.has_data("wall_time_s"):
-        return []
-    if ctx.meta is not None and ctx.meta.status != "running":
-        return []
-    last = float(np.nanmax(t["wall_time_s"]))
-    med = float(np.nanmedian(t["step_time_s"])) if t.has_data("step_time_s") else 0.0
-    idle = ctx.now_wall_s - last
-    limit = max(ctx.config.stall_factor * med, ctx.config.stall_min_s)
-    if idle < limit:
-        return []
-    step = int(t["step"].max())
-    return [Finding(
-        category="stall", severity="critical",
-        message=(f"no step recorded for {idle:.0f} s since step {step} "
-                 f"({idle / med:.0f}x the median step)" if med > 0 else
-                 f"no step recorded for {idle:.0f} s since step {step}"),
-        evidence={"idle_s": idle, "last_step": step, "median_step_time_s": med},
-        steps=(step, step), rank=None, confidence=0.9, rule="health.stall",
-        recommendation="Check the job now: py-spy dump the ranks; a hung collective or "
-                       "retrying data reader are the usual causes",
-    )]

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..schema import AnyArray
 from .findings import Finding
 from .health_config import HealthContext
 from .health_stats import first_rank_with, rank_series
@@ -23,7 +24,7 @@ __all__ = ["rule_lr_schedule", "lr_restarts", "rule_convergence", "rule_logging"
 _RESTARTING = ("restart", "cyclic", "cycle", "sgdr")
 
 
-def lr_restarts(lr: np.ndarray, jump_frac: float, near_frac: float) -> list[int]:
+def lr_restarts(lr: AnyArray, jump_frac: float, near_frac: float) -> list[int]:
     """Indices where the LR jumps back to where the schedule started, or up to its peak
     after having decayed: an abrupt change of >= ``jump_frac`` x range landing within
     ``near_frac`` x range of the start (or of the peak reached earlier)."""
@@ -80,7 +81,7 @@ def rule_lr_schedule(ctx: HealthContext) -> list[Finding]:
     return out
 
 
-def _vs_config(steps: np.ndarray, lr: np.ndarray, base: dict[str, Any], rank: int,
+def _vs_config(steps: AnyArray, lr: AnyArray, base: dict[str, Any], rank: int,
                ctx: HealthContext) -> list[Finding]:
     cfg = ctx.config
     ok = np.isfinite(lr)

@@ -108,9 +108,10 @@ def _medians(table: StepTable) -> tuple[float, float] | None:
     """(median step time, median compute time) over steady steps, or None without phases."""
     mask = steady_mask(table)
     t = table.select(mask) if mask.any() else table
-    if not len(t) or not all(t.has_data(c) for c in _COMPUTE):
+    cols = [c for c in _COMPUTE if t.has_data(c)]
+    if not len(t) or "forward_s" not in cols:
         return None
-    comp = sum(np.nan_to_num(t[c]) for c in _COMPUTE)
+    comp = sum(np.nan_to_num(t[c]) for c in cols)
     return float(np.nanmedian(t["step_time_s"])), float(np.median(comp))
 
 
