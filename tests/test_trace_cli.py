@@ -100,3 +100,18 @@ def test_run_directory_means_its_latest_profile(tmp_path: Path) -> None:
     empty = RunDir.create(tmp_path / "run2", RunMeta(run_id="r2"))
     code, out = _invoke("trace", str(empty.path))
     assert code != 0
+
+
+def test_mindspore_directory_dispatches_to_its_reader(shared_data: Path) -> None:
+    code, out = _invoke("trace", str(shared_data / "traces/mindspore-cpu/dp2_cpu_msrun"),
+                        "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert sorted(doc["ranks"]) == ["0", "1"]
+    for rank in doc["ranks"].values():
+        assert rank["comm_us"] > 0 and rank["steps"]
+        for row in rank["steps"]:
+            parts = sum(row[f"{p}_us"] for p in ("data", "forward", "backward",
+                                                  "comm_exposed", "optimizer", "other", "idle"))
+            assert parts == pytest.approx(row["step_time_us"])
+    assert any("step source: inferred" in w for w in doc["warnings"])

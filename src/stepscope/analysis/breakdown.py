@@ -54,6 +54,7 @@ class RankReport:
     source: str
     temporal: Temporal | None
     steps: list[StepRow]
+    no_comm_note: str = NO_COMM_MESSAGE  # what the reader looked for, when it found none
 
     def phase_means_us(self) -> dict[str, float]:
         if not self.steps:
@@ -76,7 +77,7 @@ class RankReport:
             compute_us=t.compute_us if t else None,
             non_compute_us=t.non_compute_us if t else None,
             comm_us=t.comm_us if t else None, comm_overlap_us=t.overlap_us if t else None,
-            comm_note=None if (t and t.comm_us > 0) else NO_COMM_MESSAGE,
+            comm_note=None if (t and t.comm_us > 0) else self.no_comm_note,
             step_time_median_us=self.step_time_median_us(),
             phase_means_us=self.phase_means_us(), source=self.source,
             steps=[r.to_dict() for r in self.steps],
@@ -189,7 +190,7 @@ def analyze(tables: Sequence[EventTable], hta_compatible: bool = False,
         else:
             temporal = exact_temporal(t, chosen)
         ranks[rank] = RankReport(rank, str(t.meta.get("path", "")), temporal,
-                                 step_rows(t, chosen))
+                                 step_rows(t, chosen), _no_comm_note(t))
         warnings.extend(_rank_warnings(rank, t, ranks[rank]))
     if hta_compatible and chosen is not None:
         warnings.append("--steps applies to the per-step rows; the HTA-compatible rank "
@@ -202,10 +203,20 @@ def analyze(tables: Sequence[EventTable], hta_compatible: bool = False,
         warnings=warnings, all_ops=all_ops)
 
 
+def _no_comm_note(t: EventTable) -> str:
+    """The reader's own "no communication found (looked for: ...)" when it has one."""
+    for w in t.meta.get("warnings") or []:
+        if isinstance(w, str) and w.startswith("no communication found"):
+            return w
+    return NO_COMM_MESSAGE
+
+
 def _rank_warnings(rank: int, t: EventTable, rep: RankReport) -> list[str]:
     out = []
     if rep.temporal is None or rep.temporal.comm_us <= 0:
-        out.append(f"rank {rank}: {NO_COMM_MESSAGE}")
+        out.append(f"rank {rank}: {rep.no_comm_note}")
+    out.extend(f"rank {rank}: {w}" for w in t.meta.get("warnings") or []
+               if isinstance(w, str) and w != rep.no_comm_note)
     if not rep.steps and not step_table(t):
         out.append(f"rank {rank}: no ProfilerStep#N markers; no per-step rows (profile "
                    "with a schedule and call prof.step() each iteration)")
