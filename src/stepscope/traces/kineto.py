@@ -3,9 +3,12 @@
 The whole format is described by three tables below: ``EVENT_FIELDS`` and ``ARG_FIELDS``
 (raw key -> column, type, default), ``CATEGORY_KIND`` (Kineto ``cat`` -> event kind) and
 ``ANNOTATION_KIND`` (user-annotation name pattern -> kind). The decoder streams the file:
-it inflates ``.gz`` in chunks, cuts the ``traceEvents`` array at event boundaries, decodes
-each chunk with orjson and keeps only numpy columns and one string table, so memory is
-bounded by the columns, not by per-event Python objects.
+it inflates ``.gz`` in chunks, cuts the ``traceEvents`` array at event boundaries and
+decodes each chunk in one pass with msgspec into structs generated from the field tables
+(only mapped keys are materialised; call stacks, shapes and other args are skipped in C).
+A chunk whose fields have unexpected types is decoded with orjson into dicts instead, and
+a file the framing cannot cut is decoded whole. Only numpy columns and one string table
+are kept, so memory is bounded by the columns, not by per-event Python objects.
 
 Extra columns (``EventTable.extra``), all the length of the table:
 
