@@ -323,3 +323,20 @@ def test_uniform_slowdown_is_the_host_and_a_phase_slowdown_is_named() -> None:
         "throughput_regression", "info", True)
     (f,) = check_health(_phased(1.0, 0.05))  # 50 ms more outside the phases
     assert (f.severity, f.evidence["slower_phase"], f.steps) == ("warning", "other", (50, 99))
+
+
+def test_wall_time_growth_without_cpu_growth_is_contention() -> None:
+    st = np.where(np.arange(N) < 50, 0.1, 0.2)
+    st[0] = 1.0
+    (f,) = check_health(_base(step_time_s=st, end_s=np.cumsum(st), cpu_s=np.full(N, 0.09)))
+    assert (f.severity, f.evidence["uniform_slowdown"]) == ("info", True)
+    (f,) = check_health(_base(step_time_s=st, end_s=np.cumsum(st), cpu_s=st * 0.9))
+    assert f.severity == "warning"  # CPU time grew with wall time: more work per step
+
+
+def test_intermittent_slowdown_is_info() -> None:
+    st = np.where((np.arange(N) >= 50) & (np.arange(N) % 3 != 0), 0.3, 0.1)  # 2 of 3 slow
+    st[0] = 1.0
+    found = check_health(_base(step_time_s=st, end_s=np.cumsum(st)))
+    assert [(f.category, f.severity) for f in found] == [("throughput_regression", "info")]
+    assert found[0].evidence["still_fast_frac"] == pytest.approx(1 / 3, abs=0.02)

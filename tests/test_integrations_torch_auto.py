@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from stepscope.store import RunDir
-from torch_run_support import interval_errors, printed_times, python_script, stepscope_run
+from torch_run_support import assert_times_agree, printed_times, python_script, stepscope_run
 
 pytestmark = pytest.mark.xdist_group("torch_run")
 
@@ -25,8 +25,7 @@ def test_plain_loop_step_table_matches_script_timestamps(tmp_path):
     assert stats.skipped == 0
     assert table["step"].tolist() == list(range(12))
     assert table["rank"].tolist() == [0] * 12
-    errs = interval_errors(table["step_time_s"], table["step"], printed_times(proc.stdout))
-    assert len(errs) == 11 and errs.max() < 0.05, errs
+    assert_times_agree(table["step_time_s"], table["step"], printed_times(proc.stdout))
     for col in ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "loss", "lr",
                 "grad_norm", "mem_peak_bytes"):
         assert np.isfinite(table[col]).all(), col
@@ -76,8 +75,7 @@ def test_grad_accumulation_four_micro_batches_per_step(tmp_path):
     assert table["samples"].tolist() == [16.0] * 5
     assert table["micro_batches"].tolist() == [4.0] * 5
     assert not table.has_data("data_wait_s")  # no DataLoader: unknown, not zero
-    errs = interval_errors(table["step_time_s"], table["step"], printed_times(proc.stdout))
-    assert errs.max() < 0.05, errs
+    assert_times_agree(table["step_time_s"], table["step"], printed_times(proc.stdout))
     meta = RunDir(out).read_meta()
     assert meta.baseline["grad_accum"] == 4 and meta.baseline["seed"] == 7
     assert meta.baseline["optimizer_hparams"]["momentum"] == 0.9
@@ -92,10 +90,13 @@ def test_slow_collate_shows_as_data_wait_and_replay_removes_it(tmp_path):
     table, _ = RunDir(slow).read_steps()
     assert len(table) == 6
     assert (table["data_wait_s"] >= 0.050).all()
-    share = table["data_wait_s"].sum() / table["step_time_s"].sum()
+    steady = table["step"] >= 1  # step 0 carries the one-off warm-up of torch
+    share = table["data_wait_s"][steady].sum() / table["step_time_s"][steady].sum()
     assert share > 0.5
-    errs = interval_errors(table["step_time_s"], table["step"], printed_times(proc.stdout))
-    assert errs.max() < 0.05, errs
+    phases = table["data_wait_s"] + table["forward_s"] + table["backward_s"] \
+        + table["optimizer_s"]
+    assert (phases <= table["step_time_s"] * 1.0001).all()
+    assert_times_agree(table["step_time_s"], table["step"], printed_times(proc.stdout))
 
     replay = tmp_path / "replay"
     proc = stepscope_run(replay, *python_script("torch_slow_collate.py", "--steps", "6"),

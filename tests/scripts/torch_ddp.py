@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=10)
-p.add_argument("--batch", type=int, default=8)
-p.add_argument("--seq", type=int, default=32)
+p.add_argument("--batch", type=int, default=16)
+p.add_argument("--seq", type=int, default=64)
 args = p.parse_args()
 
 dist.init_process_group("gloo")

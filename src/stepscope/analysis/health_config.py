@@ -115,6 +115,10 @@ class HealthConfig:
     # shared host cannot be told from a regression.
     regression_min_segment: int = 15
     regression_min_steps: int = 50
+    # A slowdown where >= 20% of the later steps still run within 10% of the earlier median
+    # step time is intermittent (preemption by other processes spares some steps): info.
+    regression_intermittent_frac: float = 0.20
+    regression_fast_tol: float = 0.10
     # Progressive drift: Spearman correlation of step index and step time at least this.
     drift_min_corr: float = 0.5
 

@@ -117,7 +117,7 @@ def rule_stall(ctx: HealthContext) -> list[Finding]:
     cfg = ctx.config
     t = ctx.table
     out: list[Finding] = []
-    worst: tuple[float, int, int, int, float] | None = None
+    worst: tuple[float, int, int, int, float, float] | None = None
     for r in t.ranks():
         steps, end = rank_series(t, r, "end_s")
         _, st = rank_series(t, r, "step_time_s")
@@ -132,15 +132,16 @@ def rule_stall(ctx: HealthContext) -> list[Finding]:
         gap = np.diff(end)
         i = int(np.argmax(gap))
         if gap[i] >= limit and (worst is None or gap[i] > worst[0]):
-            worst = (float(gap[i]), r, int(steps[i]), int(steps[i + 1]), med)
+            worst = (float(gap[i]), r, int(steps[i]), int(steps[i + 1]), med,
+                     float(end[-1] - end[0]))
     if worst is not None:
-        gap_s, r, a, b, med = worst
+        gap_s, r, a, b, med, run_s = worst
         out.append(Finding(
             category="stall", severity="warning",
             message=(f"training stalled: no step finished for {gap_s:.1f} s between steps {a} "
                      f"and {b} ({gap_s / med:.0f}x the median step of {med * 1e3:.1f} ms)"),
             evidence={"gap_s": gap_s, "median_step_time_s": med, "factor": gap_s / med,
-                      "impact_frac": None},
+                      "impact_frac": gap_s / run_s if run_s > 0 else None},
             steps=(a, b), rank=r if len(t.ranks()) == 1 else None, confidence=0.9,
             rule="health.stall",
             recommendation=("Find what ran in the gap (checkpoint save, evaluation, data "

@@ -233,17 +233,28 @@ def _rank_throughput(t: StepTable, r: int, ctx: HealthContext) -> Finding | None
         msg = f"throughput dropped at step {int(steps[k])}: {a:.4g} -> {b:.4g} {unit} (-{drop:.0%})"
         span = (int(steps[k]), int(steps[-1]))
     phase, uniform = _slowdown_by_phase(t, r, ok, sel)
+    _, st = rank_series(t, r, "step_time_s")
+    st = st[ok]
+    # Share of later steps still as fast as before: CPU contention preempts some steps and
+    # spares others; a code or data regression slows (nearly) every step.
+    fast = float(np.mean(st[sel[1]] <= (1 + cfg.regression_fast_tol) * np.median(st[sel[0]])))
+    intermittent = fast >= cfg.regression_intermittent_frac
+    uniform = uniform or _cpu_unchanged(t, r, ok, sel, st)
     if uniform:
         msg += ("; every compute phase slowed alike: the host got slower (another process, "
                 "throttling), not the training code")
+    elif intermittent:
+        msg += (f"; {fast:.0%} of the later steps still run at the earlier speed: intermittent "
+                "(CPU contention from other processes, or occasional stalls)")
     elif phase:
         msg += f"; the extra time is in {PHASE_WORDS.get(phase, phase)}"
     return Finding(
-        category="throughput_regression", severity="info" if uniform else "warning",
-        message=msg,
+        category="throughput_regression",
+        severity="info" if uniform or intermittent else "warning", message=msg,
         evidence={"before": a, "after": b, "unit": unit, "drop_frac": drop,
                   "trend_corr": corr, "progressive": bool(drift), "impact_frac": drop,
-                  "slower_phase": phase, "uniform_slowdown": uniform},
+                  "slower_phase": phase, "uniform_slowdown": uniform,
+                  "still_fast_frac": fast},
         steps=span, rank=r, confidence=0.8, rule="health.throughput",
         recommendation=("Compare a profile from before and after the change point "
                         "(`stepscope trace diff`); look for growing data queues, memory "
@@ -285,6 +296,22 @@ def _slowdown_by_phase(t: StepTable, r: int, ok: AnyArray,
                and sum(inc[c] for c in _COMPUTE) >= 0.6 * step_inc)
     phase = max(inc, key=lambda c: inc[c])
     return phase.removesuffix("_s"), bool(uniform)
+
+
+def _cpu_unchanged(t: StepTable, r: int, ok: AnyArray, sel: tuple[AnyArray, AnyArray],
+                   st: AnyArray) -> bool:
+    """With a ``cpu_s`` column (process CPU seconds per step, e.g. a time.process_time()
+    delta): wall time grew but CPU time grew less than half as much -> the process was
+    waiting for a CPU (contention), not doing more work."""
+    if not t.has_data("cpu_s"):
+        return False
+    cpu = rank_series(t, r, "cpu_s")[1][ok]
+    b, a = sel
+    cb, ca = np.nanmedian(cpu[b]), np.nanmedian(cpu[a])
+    wb, wa = np.median(st[b]), np.median(st[a])
+    if not (np.isfinite(cb) and np.isfinite(ca)) or wa <= wb:
+        return False
+    return bool(ca - cb < 0.5 * (wa - wb))
 
 
 def _all_ranks_slow(t: StepTable, ctx: HealthContext) -> bool:

@@ -118,6 +118,7 @@ class AutoState:
         self.lock = threading.Lock()
         self.comm = ddp.CommTimer(clock=clock, wall=time.time)
         self.cross: ddp.CrossRank | None = None
+        self.cross_done = -1
         self.profiler: Any = None
         self.rank = _env_rank()
         self.first_micro = 0
@@ -155,8 +156,10 @@ class AutoState:
     def on_batch(self, batch: Any, seconds: float) -> None:
         from .torch import batch_counts
 
-        self.activity()
         d = self.cur
+        if not self.open and math.isnan(d.t_start):
+            d.t_start = self.clock() - seconds  # the first step starts with its first fetch
+        self.activity()
         d.data_wait += seconds
         d.loader_batches += 1
         tokens, samples = batch_counts(batch)
@@ -238,6 +241,10 @@ class AutoState:
         elif self.settings.grad_norm_every and \
                 self.step_index % self.settings.grad_norm_every == 0:
             d.grad_norm = _grad_norm_tensor(self.torch, groups)
+        if self.cross is not None:
+            from . import _torch_meta
+
+            _torch_meta.maybe_cross_rank(self)
         self.t_opt0 = self.clock()
         return True
 
@@ -274,9 +281,6 @@ class AutoState:
         from . import _torch_meta
 
         _torch_meta.after_boundary(self)
-        # The next step starts after stepscope's own work (emission, the first step's
-        # run.json write, cross-rank gathers), so that none of it is billed to training.
-        self.cur.t_start = self.clock()
 
     # -- emission ------------------------------------------------------------------------
     def flush(self, block: bool) -> None:

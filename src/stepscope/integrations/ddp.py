@@ -103,26 +103,28 @@ def wait_transfer(launch: Sequence[Sequence[float]], done: Sequence[Sequence[flo
 
     ``launch[r][b]`` / ``done[r][b]``: wall-clock launch and completion of bucket ``b`` on
     rank ``r`` (NaN = absent). A collective cannot start moving data before the last rank
-    joins it, so per bucket ``wait = max_r(launch) - launch[r]`` and
-    ``transfer = done[r] - max_r(launch)``; both are summed over buckets. Valid only when
-    the ranks' clocks agree (same host, or hosts with synchronised clocks).
+    joins it, so for bucket ``b`` rank ``r`` waits during ``[launch[r][b], L_b]`` and
+    transfers during ``[L_b, done[r][b]]`` with ``L_b = max_r launch[r][b]``. Each is the
+    union over buckets (buckets in flight together wait together, counted once).
+    Valid only when the ranks' clocks agree (same host, or synchronised hosts).
 
     >>> wait_transfer([[0.0, 10.0], [1.0, 10.5]], [[2.0, 11.0], [2.0, 11.0]])
     ([1.5, 0.0], [1.5, 1.5])
     """
     nranks = len(launch)
     nb = min(len(row) for row in launch) if nranks else 0
-    wait = [0.0] * nranks
-    transfer = [0.0] * nranks
+    waits: list[list[tuple[float, float]]] = [[] for _ in range(nranks)]
+    moves: list[list[tuple[float, float]]] = [[] for _ in range(nranks)]
     for b in range(nb):
         col = [launch[r][b] for r in range(nranks)]
         if any(math.isnan(v) for v in col):
             continue
         last = max(col)
         for r in range(nranks):
-            wait[r] += last - col[r]
-            transfer[r] += max(0.0, done[r][b] - last)
-    return wait, transfer
+            waits[r].append((col[r], last))
+            if done[r][b] > last:
+                moves[r].append((last, done[r][b]))
+    return [union_s(w) for w in waits], [union_s(m) for m in moves]
 
 
 # -- per-step interval collection -----------------------------------------------------------
