@@ -162,10 +162,7 @@ def test_custom_loop_without_loss(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("msrun", path=str(BIN)) is None, reason="no msrun")
 def test_msrun_two_workers(tmp_path: Path) -> None:
     run_dir = tmp_path / "dp"
-    _run([str(BIN / "msrun"), "--worker_num=2", "--local_worker_num=2",
-          f"--master_port={20000 + os.getpid() % 20000}", f"--log_dir={tmp_path / 'logs'}",
-          "--join=True", str(SCRIPTS / "ms_custom_loop.py"), str(run_dir), "--dp",
-          "--steps", "12", "--profile", "1:2"], tmp_path, timeout=240)
+    _msrun(tmp_path, "ms_custom_loop.py", run_dir, "--dp", "--steps", "12", "--profile", "1:2")
     run = RunDir.open(run_dir)
     table, _ = run.read_steps()
     assert table.ranks() == [0, 1]
@@ -188,6 +185,39 @@ def test_msrun_two_workers(tmp_path: Path) -> None:
         comm = _ops(t).select(_ops(t).kind == EVENT_KINDS.index("comm"))
         assert len(comm) and sorted(set(comm.step.tolist())) == [1, 2]
     assert _report_json(run_dir)["steps"] == 12
+
+
+def _msrun(tmp_path: Path, script: str, run_dir: Path, *args: str) -> None:
+    _run([str(BIN / "msrun"), "--worker_num=2", "--local_worker_num=2",
+          f"--master_port={20000 + (os.getpid() + len(script)) % 20000}",
+          f"--log_dir={tmp_path / 'logs'}", "--join=True", str(SCRIPTS / script),
+          str(run_dir), *args], tmp_path, timeout=240)
+
+
+@pytest.mark.skipif(shutil.which("msrun", path=str(BIN)) is None, reason="no msrun")
+def test_msrun_model_train(tmp_path: Path) -> None:
+    run_dir = tmp_path / "mdp"
+    _msrun(tmp_path, "ms_model_train.py", run_dir, "--dp", "--steps", "6", "--profile", "1:2")
+    run = RunDir.open(run_dir)
+    table, _ = run.read_steps()
+    for r in (0, 1):
+        rows = table.rank(r)
+        assert rows["step"].tolist() == list(range(6))
+        assert np.all(np.isfinite(rows["loss"])) and np.all(rows["tokens"] == 64)
+    # the all-reduce runs inside the graph, so compute_s includes waiting for the other
+    # rank here: the gather is checked, not who is slower
+    gathers, _ = run.read_events("cross_rank")
+    assert [(g["step"], g["ranks"]) for g in gathers] == [(1, 2), (3, 2), (5, 2)]
+    assert run.read_meta().baseline["num_devices"] == 2
+    tables = _profile(run_dir)
+    assert [int(t.rank[0]) for t in tables] == [0, 1]
+    for t in tables:
+        names = np.asarray(t.names, dtype=object)[_ops(t).name]
+        comm = names[_ops(t).kind == EVENT_KINDS.index("comm")]
+        # gradient all-reduces, and stepscope's own cross-rank AllGather after step 1
+        assert {n.split("/")[-1].split("-")[0] for n in comm} == {"AllReduce", "AllGather"}
+        assert sum("grad_reducer" in n for n in comm) >= 2
+    assert _report_json(run_dir)["steps"] == 6
 
 
 def test_demo_small_config(tmp_path: Path) -> None:

@@ -1,11 +1,13 @@
 """MindSpore Model.train (GRAPH mode, CPU) measured by StepscopeCallback; run by the tests.
 
 usage: ms_model_train.py RUN_DIR [--steps N] [--profile A:B] [--custom-cell] [--loss-scale S]
+                          [--dp]
 
 Prints one JSON line: the step windows this script timed itself (epoch seconds, from a
 separate callback registered before stepscope's), for the tests to compare with.
 --custom-cell trains through a hand-written training cell that returns the logits instead
-of the loss (the field report's failure mode).
+of the loss (the field report's failure mode). --dp: data parallel under msrun (the
+gradient all-reduce runs inside the compiled graph), cross-rank gather every 2 steps.
 """
 
 from __future__ import annotations
@@ -89,9 +91,16 @@ def main() -> None:
     ap.add_argument("--profile", default="")
     ap.add_argument("--custom-cell", action="store_true")
     ap.add_argument("--loss-scale", type=float, default=0.0)
+    ap.add_argument("--dp", action="store_true")
     a = ap.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
+    if a.dp:
+        from mindspore.communication import init
+
+        init()
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+                                     gradients_mean=True)
     ms.set_seed(0)
     data = ds.GeneratorDataset(lambda: batches(a.steps), ["x", "y"], shuffle=False)
     net, loss = TinyLM(), FlatLoss()
@@ -106,6 +115,7 @@ def main() -> None:
     prof = tuple(int(v) for v in a.profile.split(":")) if a.profile else None
     windows = Windows()
     cb = StepscopeCallback(a.run_dir, profile_steps=prof,  # type: ignore[arg-type]
+                           cross_rank_every=2 if a.dp else 0,
                            meta={"baseline": {"seq_len": SEQ, "vocab_size": VOCAB}})
     model.train(1, data, callbacks=[windows, cb], dataset_sink_mode=False)
     print(json.dumps({"windows": windows.rows}))

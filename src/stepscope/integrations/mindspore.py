@@ -40,6 +40,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from ..analysis.findings import Finding
 from ..envinfo import code_version, cpu_model_name, host_environment
 from ..recorder import Recorder, Step
 from .losscheck import find_loss
@@ -254,6 +255,7 @@ class StepscopeCallback(_callback_base()):  # type: ignore[misc]
         self.core: StepSession | None = None
         self._t_last = 0.0
         self._step = 0
+        self._last_cur = 0
 
     def on_train_begin(self, run_context: Any) -> None:
         p = run_context.original_args()
@@ -262,6 +264,7 @@ class StepscopeCallback(_callback_base()):  # type: ignore[misc]
         m.setdefault("config", {})["stepscope_integration"] = "mindspore Model.train callback"
         self.core = _session(self.run_dir, m, profile_steps, every, rank,
                              "the training network's outputs")
+        self._last_cur = int(getattr(p, "cur_step_num", 0) or 0)  # >0 when resuming
         self._t_last = time.perf_counter()
 
     def on_train_epoch_begin(self, run_context: Any) -> None:
@@ -290,14 +293,27 @@ class StepscopeCallback(_callback_base()):  # type: ignore[misc]
                 values["loss_scale"] = to_float(outputs[2])
             except (TypeError, ValueError):
                 pass
+        cur = int(getattr(p, "cur_step_num", 0) or 0)
+        if cur - self._last_cur > 1:  # dataset sink mode: one callback per sink of steps
+            values["steps_per_record"] = float(cur - self._last_cur)
+        self._last_cur = cur
         loss, what = find_loss(outputs, to_float)
         self.core.end(self._step, values, loss, f"were {what}, which hold no scalar loss")
         self._step += 1
         self._t_last = time.perf_counter()
 
     def on_train_end(self, run_context: Any) -> None:
-        if self.core is not None:
-            self.core.close()
+        if self.core is None:
+            return
+        if self._step == 0:  # the field report's "the callback hook never fired"
+            self.core.rec.run.append_event({"type": "finding", **Finding(
+                category="logging", severity="critical", rank=self.core.rank,
+                message=("no steps recorded: Model.train ran but the callback's step hooks "
+                         "never fired; every per-step curve of this run would be empty"),
+                recommendation=("pass the callback in Model.train(callbacks=[...]) and check "
+                                "that the dataset is not empty"),
+                rule="integration.no_steps").to_dict()})
+        self.core.close()
 
 
 class LoopRecorder:
