@@ -27,7 +27,8 @@ where the gradients are at hand), process peak RSS. ``Model.train`` runs forward
 and update as one compiled graph, so only the profiler can split them (``profile_steps``);
 ``value_and_grad`` fuses forward and backward, so custom loops record ``forward_backward_s``.
 Cross-rank medians are gathered with ``mindspore.ops.AllGather`` every N steps
-(see ``crossrank``). mindspore is imported lazily.
+(see ``crossrank``). Importing this module imports MindSpore (the callback subclasses
+``mindspore.train.Callback``); ``import stepscope`` never does.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
+
+import mindspore as ms
+import numpy as np
+from mindspore.train import Callback
 
 from ..analysis.findings import Finding
 from ..envinfo import code_version, cpu_model_name, host_environment
@@ -56,12 +61,6 @@ __all__ = [
 
 T = TypeVar("T")
 MEM_SOURCE = "process peak RSS (VmHWM from /proc/self/status, lifetime)"
-
-
-def _ms() -> Any:
-    import mindspore
-
-    return mindspore
 
 
 def to_float(x: Any) -> float:
@@ -83,7 +82,6 @@ def rank_and_world() -> tuple[int, int]:
 
 
 def device_info() -> dict[str, Any]:
-    ms = _ms()
     target = str(ms.get_context("device_target"))
     _, world = rank_and_world()
     if target == "CPU":
@@ -93,7 +91,6 @@ def device_info() -> dict[str, Any]:
 
 def environment(code_path: str = ".") -> dict[str, Any]:
     """run.json environment: MindSpore version, mode, host, device, memory source, commit."""
-    ms = _ms()
     env: dict[str, Any] = {"framework": "mindspore", "framework_version": ms.__version__,
                            "mem_source": MEM_SOURCE}
     env.update(host_environment())
@@ -168,7 +165,6 @@ def loss_scale(obj: Any) -> float:
 
 def grad_norm(grads: Iterable[Any]) -> float:
     """Global L2 norm of a tuple of gradient tensors (before clipping)."""
-    ms = _ms()
     gs = [g for g in grads if g is not None]
     if not gs:
         return math.nan
@@ -191,9 +187,6 @@ def batch_counts(batch: Any, tokens_per_sample: float | None = None) -> tuple[fl
 
 def _all_gather(values: list[float]) -> list[list[float]]:
     """Every rank's ``values`` (float32), gathered with ``mindspore.ops.AllGather``."""
-    ms = _ms()
-    import numpy as np
-
     out = ms.ops.AllGather()(ms.Tensor(np.asarray([values], dtype=np.float32)))
     return [list(map(float, r)) for r in out.asnumpy()]
 
@@ -227,13 +220,7 @@ def _base_meta(meta: dict[str, Any] | None, net: Any, optimizer: Any) -> dict[st
     return m
 
 
-def _callback_base() -> type:
-    from mindspore.train import Callback
-
-    return Callback  # type: ignore[no-any-return]
-
-
-class StepscopeCallback(_callback_base()):  # type: ignore[misc]
+class StepscopeCallback(Callback):  # type: ignore[misc]
     """``mindspore.train.Callback`` recording every ``Model.train`` step into ``run_dir``.
 
     Args:
