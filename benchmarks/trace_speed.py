@@ -4,7 +4,8 @@ Usage::
 
     .venv/bin/python benchmarks/trace_speed.py [--scales 1,3,10] [--trace FILE] [--no-hta]
 
-Measures, each in a fresh subprocess (so peak RSS is that tool's alone, imports included):
+Measures, each in a fresh subprocess (so peak RSS is that tool's alone, imports included),
+the fastest of ``--repeat`` runs per tool and size (the machine is shared; noise only adds):
 
 - stepscope: ``read_trace`` + the rank temporal breakdown with HTA's conventions
   (``hta_temporal``, the same computation as HTA's ``get_temporal_breakdown``); the full
@@ -140,6 +141,17 @@ def run_child(python: Path | str, code: str, path: Path) -> dict[str, Any] | Non
     return parsed
 
 
+def best_of(python: Path | str, code: str, path: Path, repeat: int) -> dict[str, Any] | None:
+    """Fastest of ``repeat`` runs (this 2-core machine is shared: noise only adds time)."""
+    runs = [r for r in (run_child(python, code, path) for _ in range(repeat)) if r]
+    if not runs:
+        return None
+    best = min(runs, key=lambda r: r["seconds"])
+    best["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in runs)
+    best["runs"] = [round(r["seconds"], 3) for r in runs]
+    return best
+
+
 def _fmt(r: dict[str, Any] | None) -> str:
     if r is None:
         return "      -          -"
@@ -153,6 +165,7 @@ def main() -> None:
                     help="copies of the trace's steps (15 x the largest shared trace: "
                          "1.1 M events)")
     ap.add_argument("--no-hta", action="store_true")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per tool and size (best kept)")
     args = ap.parse_args()
     src = args.trace or largest_trace()
     use_hta = HTA_PY.exists() and not args.no_hta
@@ -177,8 +190,9 @@ def main() -> None:
         del doc
         for scale in scales:
             d = dirs[scale]
-            ours = run_child(sys.executable, STEPSCOPE_CHILD, d / "rank0.pt.trace.json.gz")
-            hta = run_child(HTA_PY, HTA_CHILD, d) if use_hta else None
+            ours = best_of(sys.executable, STEPSCOPE_CHILD, d / "rank0.pt.trace.json.gz",
+                           args.repeat)
+            hta = best_of(HTA_PY, HTA_CHILD, d, args.repeat) if use_hta else None
             rows.append((scale, ours, hta))
             speed = hta["seconds"] / ours["seconds"] if hta and ours else None
             mem = ours["peak_rss_bytes"] / hta["peak_rss_bytes"] if hta and ours else None
@@ -187,8 +201,8 @@ def main() -> None:
                   f"{f'{mem:8.2f}' if mem else '       -'} | "
                   f"{ours and ours['idle_pct']}/{hta and hta['idle_pct']} | "
                   f"{ours['analyze_seconds'] if ours else 0:.2f}s "
-                  f"{ours['analyze_peak_rss_bytes'] / 2**20 if ours else 0:.0f} MiB",
-                  flush=True)
+                  f"{ours['analyze_peak_rss_bytes'] / 2**20 if ours else 0:.0f} MiB | runs "
+                  f"{ours and ours['runs']} / {hta and hta['runs']}", flush=True)
     ok = [(s, o) for s, o, _ in rows if o]
     if len(ok) >= 2:
         (_, o0), (_, o1) = ok[0], ok[-1]

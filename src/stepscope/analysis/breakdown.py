@@ -213,7 +213,9 @@ def _no_comm_note(t: EventTable) -> str:
 
 def _rank_warnings(rank: int, t: EventTable, rep: RankReport) -> list[str]:
     out = []
-    if rep.temporal is None or rep.temporal.comm_us <= 0:
+    if rep.temporal is None:
+        out.append(f"rank {rank}: no events in the selected window")
+    elif rep.temporal.comm_us <= 0:
         out.append(f"rank {rank}: {rep.no_comm_note}")
     out.extend(f"rank {rank}: {w}" for w in t.meta.get("warnings") or []
                if isinstance(w, str) and w != rep.no_comm_note)

@@ -222,7 +222,7 @@ def step_window(t: EventTable, steps: Collection[int] | None) -> iv.Intervals:
     if chosen:
         a = np.array(chosen, dtype=np.float64)
         return iv.union(a[:, 0], a[:, 1])
-    if not len(t):
+    if not len(t) or (table and steps is not None):  # nothing, or no step selected
         return iv.EMPTY
     return iv.union(np.array([t.start_us.min()]), np.array([_ends(t).max()]))
 
