@@ -53,10 +53,11 @@ def test_diagnose_json_names_stall_and_data_wait(tmp_path: Path) -> None:
     proc = _stepscope("diagnose", str(run), "--json")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
-    assert d["bottleneck"] == "data_pipeline"
+    assert d["bottleneck"] == "stall"  # 30 s of a 37 s run: the largest cost
     got = {(f["category"], f["severity"], tuple(f["steps"]) if f["steps"] else None)
            for f in d["findings"]}
     assert ("stall", "warning", (39, 40)) in got
+    assert ("data_pipeline", "warning", (1, 59)) in got
     # steady steps: 30 ms of 120 ms each = 25% waiting for data (the 30 s stall step aside)
     (wait,) = [f for f in d["findings"] if f["category"] == "data_pipeline"]
     assert wait["evidence"]["median_data_wait_s"] == 0.03

@@ -340,3 +340,21 @@ def test_intermittent_slowdown_is_info() -> None:
     found = check_health(_base(step_time_s=st, end_s=np.cumsum(st)))
     assert [(f.category, f.severity) for f in found] == [("throughput_regression", "info")]
     assert found[0].evidence["still_fast_frac"] == pytest.approx(1 / 3, abs=0.02)
+
+
+def test_lr_jump_after_it_settled_is_a_warning() -> None:
+    lr = np.full(N, 1e-3)
+    lr[60:] = 0.5  # a manual param_group edit
+    (f,) = check_health(_base(lr=lr))
+    assert (f.category, f.severity, f.steps) == ("lr_schedule", "warning", (60, 60))
+    assert f.evidence["lr_after"] == 0.5
+    warm = np.minimum(1.0, (np.arange(N) + 1) / 3) * 1e-3  # a 3-step warm-up is no jump
+    assert check_health(_base(lr=warm)) == []
+
+
+def test_non_finite_loss_on_a_skipped_step_is_overflow_not_nan() -> None:
+    loss, ovf = _base()["loss"].copy(), np.zeros(N)
+    loss[[20, 40]] = np.nan
+    ovf[[20, 40]] = 1
+    found = check_health(_base(loss=loss, overflow=ovf))
+    assert [(f.category, f.severity) for f in found] == [("numerics", "info")]

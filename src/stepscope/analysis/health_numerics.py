@@ -62,9 +62,11 @@ def rule_numerics(ctx: HealthContext) -> list[Finding]:
         steps, loss = rank_series(t, r, "loss")
         _, gn = rank_series(t, r, "grad_norm")
         _, ovf = rank_series(t, r, "overflow")
+        skipped = _overflow_at(ovf)  # skipped by the loss scaler: the overflow rule's
         bad_loss = nonfinite_index(loss, steps)
+        bad_loss = bad_loss[~skipped[bad_loss]]
         bad_gn = nonfinite_index(gn, steps)
-        bad_gn = bad_gn[~_overflow_at(ovf)[bad_gn]]
+        bad_gn = bad_gn[~skipped[bad_gn]]
         bad = np.union1d(bad_loss, bad_gn)
         if not bad.size:
             continue

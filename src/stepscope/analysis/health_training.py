@@ -18,7 +18,7 @@ from .findings import Finding
 from .health_config import HealthContext
 from .health_stats import first_rank_with, rank_series
 
-__all__ = ["rule_lr_schedule", "lr_restarts", "rule_convergence", "rule_logging"]
+__all__ = ["rule_lr_schedule", "lr_restarts", "lr_jumps", "rule_convergence", "rule_logging"]
 
 # Schedules whose restarts are intended (SGDR, cyclic, one-cycle variants).
 _RESTARTING = ("restart", "cyclic", "cycle", "sgdr")
@@ -50,6 +50,23 @@ def lr_restarts(lr: AnyArray, jump_frac: float, near_frac: float) -> list[int]:
     return out
 
 
+def lr_jumps(lr: AnyArray, jump_frac: float, settled: int = 5) -> list[int]:
+    """Indices where the LR at least doubles in one step by >= ``jump_frac`` x its range
+    after ``settled`` steps without any increase (so not a warm-up ramp)."""
+    x = lr[np.isfinite(lr)]
+    idx = np.flatnonzero(np.isfinite(lr))
+    if x.size < settled + 2:
+        return []
+    span = float(x.max() - x.min())
+    out = []
+    for i in range(settled + 1, x.size):
+        prev = x[i - settled - 1: i]
+        if (x[i] >= 2 * x[i - 1] and x[i] - x[i - 1] >= jump_frac * span
+                and np.all(np.diff(prev) <= 0)):
+            out.append(int(idx[i]))
+    return out
+
+
 def rule_lr_schedule(ctx: HealthContext) -> list[Finding]:
     """LR restarts mid-run, and the observed peak / warm-up vs run.json's baseline."""
     r = first_rank_with(ctx.table, "lr")
@@ -77,6 +94,21 @@ def rule_lr_schedule(ctx: HealthContext) -> list[Finding]:
                             "the optimizer on resume (scheduler.state_dict()); some versions "
                             "reset it under parallel configs"),
         ))
+    # a warm-up ramp right after a restart is part of that restart
+    jumps = [i for i in lr_jumps(lr, ctx.config.lr_jump_frac)
+             if not any(0 <= i - j <= 10 for j in restarts)]
+    if jumps:
+        i = jumps[0]
+        out.append(Finding(
+            category="lr_schedule", severity="warning",
+            message=(f"learning rate jumped {lr[i] / lr[i - 1]:.3g}x at step {int(steps[i])}: "
+                     f"{lr[i - 1]:.3g} -> {lr[i]:.3g}, after it had stopped rising"),
+            evidence={"jump_steps": [int(steps[j]) for j in jumps],
+                      "lr_before": float(lr[i - 1]), "lr_after": float(lr[i])},
+            steps=(int(steps[i]), int(steps[jumps[-1]])), rank=r, confidence=0.9,
+            rule="health.lr_schedule",
+            recommendation="Check what set the LR at that step (a second scheduler, a manual "
+                           "param_group edit, a resumed checkpoint with another config)"))
     out.extend(_vs_config(steps, lr, base, r, ctx))
     return out
 
