@@ -121,11 +121,7 @@ def _write_baseline(st: Any) -> None:
     env = environment(st.device, code_path=_script_dir())
     n = b.get("num_params")
     if n:
-        # 6N per token: forward 2N + backward 4N multiply-adds as FLOPs, no attention
-        # term, no recompute (the field report's convention); HFU equals MFU here.
-        env["flops_per_token"] = 6.0 * n
-        env["hardware_flops_per_token"] = 6.0 * n
-        env["flops_convention"] = "6N (field report; no attention term, no recompute)"
+        env.update(six_n(n))
     peak, source = peak_flops_for_device(st.device, _precision(st).split("-")[0])
     if peak is not None:
         env["peak_flops_per_device"] = peak
@@ -134,6 +130,17 @@ def _write_baseline(st: Any) -> None:
     config = dict(st.config)
     config["world_size"] = world
     st.rec.run.update_meta(baseline=b, environment=env, config=config)
+
+
+def six_n(num_params: int) -> dict[str, Any]:
+    """run.json FLOPs fields for the 6N convention (all an adapter can know of a model).
+
+    6N per token: forward 2N + backward 4N (a multiply-add = 2 FLOPs), no attention term,
+    no recompute — the field report's convention; HFU then equals MFU.
+    """
+    return {"flops_per_token": 6.0 * num_params,
+            "hardware_flops_per_token": 6.0 * num_params,
+            "flops_convention": "6N (field report; no attention term, no recompute)"}
 
 
 def _script_dir() -> str:

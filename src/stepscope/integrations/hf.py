@@ -1,0 +1,179 @@
+"""Hugging Face ``Trainer`` callback: one step row per optimizer step.
+
+Example::
+
+    from transformers import Trainer
+    from stepscope.integrations.hf import StepscopeCallback
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      callbacks=[StepscopeCallback("runs/gpt2-ft")])
+    trainer.train()
+
+What each column is made of (Trainer callbacks see events, not the loop):
+
+* ``step_time_s``: previous ``on_step_end`` to this one;
+* ``data_wait_s``: previous ``on_step_end`` to ``on_step_begin`` (the Trainer fetches the
+  step's micro-batches there; also logging/saving/evaluation of the previous step);
+* ``forward_s``: model forward calls (module hooks on the model); ``backward_s``: from each
+  forward's end to the next forward or to ``on_pre_optimizer_step``;
+  ``optimizer_s``: ``on_pre_optimizer_step`` to ``on_optimizer_step``;
+* ``tokens``/``samples``: ``input_ids`` passed to the model, summed over micro-batches;
+  ``loss``: the model outputs' ``loss`` over the step's micro-batches, summed when the
+  Trainer passes ``num_items_in_batch`` (each is then a share of the step's mean), else
+  averaged — the value the Trainer logs;
+  ``lr``: first param group at ``on_pre_optimizer_step``; ``grad_norm``: the Trainer's own
+  (pre-clipping) value from ``on_log`` when logged, else computed at
+  ``on_pre_optimizer_step`` (after clipping; run.json ``config.grad_norm_source`` says which).
+
+Under ``stepscope run`` this callback does nothing (the zero-code hooks record already).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ..recorder import Recorder
+from . import torch_auto
+from ._callback_core import PhaseClock, default_run_dir, run_meta
+
+__all__ = ["StepscopeCallback"]
+
+
+class StepscopeCallback(TrainerCallback):
+    """Feeds a :class:`~stepscope.Recorder` from Trainer events (see module docstring)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, name: str = "") -> None:
+        self.run_dir = str(run_dir) if run_dir is not None else default_run_dir("hf")
+        self.name = name
+        self.pc: PhaseClock | None = None
+        self.rec: Recorder | None = None
+        self._handles: list[Any] = []
+        self._optimizer: Any = None
+        self._fwd_open = False
+        self._after_fwd = False
+        self._lr = math.nan
+        self._norm = math.nan
+        self._noted = False
+        self._sum_losses = False
+        self.disabled = torch_auto.active()
+
+    # -- set-up / tear-down ------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       optimizer: Any = None, **kwargs: Any) -> None:
+        if self.disabled or model is None:
+            return
+        ga = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
+        world = int(getattr(args, "world_size", 1) or 1)
+        micro = int(getattr(args, "per_device_train_batch_size", 0) or 0) or None
+        meta = run_meta(model, optimizer, "hf.StepscopeCallback", {
+            "grad_accum": ga, "micro_batch": micro, "num_devices": world,
+            "global_batch": micro * ga * world if micro else None,
+            "seed": getattr(args, "seed", None),
+            "warmup_steps": getattr(args, "warmup_steps", None),
+            "lr_schedule": str(getattr(args, "lr_scheduler_type", "")) or None,
+            "vocab_size": getattr(getattr(model, "config", None), "vocab_size", None),
+        })
+        if self.name:
+            meta["name"] = self.name
+        rank = int(getattr(args, "process_index", 0) or 0)
+        self.rec = Recorder(self.run_dir, meta=meta, rank=rank)
+        self.pc = PhaseClock(self.rec, device=getattr(args, "device", None))
+        self._optimizer = optimizer
+        self._handles = [
+            model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),
+            model.register_forward_hook(self._fwd_post),
+        ]
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self.rec is not None:
+            self.rec.close()
+            self.rec = None
+
+    # -- model hooks -------------------------------------------------------------------
+    def _fwd_pre(self, module: Any, args: Any, kwargs: Any) -> None:
+        pc = self.pc
+        if pc is None or not module.training or not pc.in_step:
+            return
+        try:
+            if self._after_fwd:
+                pc.backward_end()  # the previous micro-batch's backward ended here
+                self._after_fwd = False
+            pc.forward_begin()
+            pc.batch(kwargs.get("input_ids", args))
+            # Trainers that pass num_items_in_batch get micro-batch losses already divided
+            # by the whole step's token count: the step's loss is then their sum.
+            self._sum_losses = "num_items_in_batch" in kwargs
+            self._fwd_open = True
+        except Exception:
+            pass
+
+    def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
+        pc = self.pc
+        if pc is None or not self._fwd_open:
+            return
+        self._fwd_open = False
+        self._after_fwd = True
+        try:
+            pc.forward_end()
+            loss = getattr(output, "loss", None)
+            if loss is None and isinstance(output, dict):
+                loss = output.get("loss")
+            if loss is not None:
+                pc.loss(loss)
+        except Exception:
+            pass
+
+    # -- trainer events ----------------------------------------------------------------
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.pc is not None:
+            self.pc.step_begin()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any,
+                              **kwargs: Any) -> None:
+        pc = self.pc
+        if pc is None:
+            return
+        if self._after_fwd:
+            pc.backward_end()
+            self._after_fwd = False
+        self._lr = math.nan
+        self._norm = math.nan
+        opt = kwargs.get("optimizer") or self._optimizer
+        try:
+            groups = opt.param_groups
+            self._lr = float(groups[0]["lr"])
+            from .torch import grad_norm
+
+            self._norm = grad_norm(p for g in groups for p in g["params"])
+        except Exception:
+            pass
+        pc.optimizer_begin()
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.pc is not None:
+            self.pc.optimizer_end()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.pc is None:
+            return
+        self.pc.step_end(loss_reduce="sum" if self._sum_losses else "mean", lr=self._lr,
+                         grad_norm=self._norm)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
+               **kwargs: Any) -> None:
+        if self.rec is None or not logs or "grad_norm" not in logs:
+            return
+        try:  # the Trainer's pre-clipping norm replaces ours for the step just closed
+            self.rec.log(grad_norm=float(logs["grad_norm"]))
+            if not self._noted:
+                self._noted = True
+                self.rec.run.update_meta(config={"grad_norm_source": "Trainer logs"})
+        except Exception:
+            pass

@@ -1,0 +1,136 @@
+"""Lightning ``Callback``: one step row per optimizer step (``trainer.global_step``).
+
+Example::
+
+    import lightning.pytorch as pl
+    from stepscope.integrations.lightning import StepscopeCallback
+
+    trainer = pl.Trainer(max_steps=100, callbacks=[StepscopeCallback("runs/lit")])
+    trainer.fit(model, datamodule=dm)
+
+What each column is made of:
+
+* ``data_wait_s``: from the previous batch's ``on_train_batch_end`` to
+  ``on_train_batch_start`` (the loop fetching the batch), summed over micro-batches;
+* ``forward_s``: ``on_train_batch_start`` to ``on_before_backward`` (``training_step``
+  including the loss); ``backward_s``: ``on_before_backward`` to ``on_after_backward``;
+  ``optimizer_s``: ``on_before_optimizer_step`` to ``on_train_batch_end`` (the update and
+  ``zero_grad``);
+* ``tokens``/``samples``: the batch (first 2-D integer tensor = token ids), summed over
+  micro-batches; ``loss``: the value ``backward`` ran on (Lightning divides it by
+  ``accumulate_grad_batches``), summed; ``lr`` and ``grad_norm`` (before clipping, which
+  Lightning applies after ``on_before_optimizer_step``) from the first optimizer.
+
+Under ``stepscope run`` this callback does nothing (the zero-code hooks record already).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+from lightning.pytorch import Callback
+
+from ..recorder import Recorder
+from . import torch_auto
+from ._callback_core import PhaseClock, default_run_dir, run_meta
+
+__all__ = ["StepscopeCallback"]
+
+# Lightning's precision flags in run.json's vocabulary (schema.BASELINE_FIELDS["precision"]).
+_PRECISION = {"32-true": "fp32", "32": "fp32", "64-true": "fp64", "bf16-mixed": "bf16-mixed",
+              "16-mixed": "fp16-mixed", "bf16-true": "bf16", "16-true": "fp16"}
+
+
+class StepscopeCallback(Callback):
+    """Feeds a :class:`~stepscope.Recorder` from Lightning hooks (see module docstring)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, name: str = "") -> None:
+        self.run_dir = str(run_dir) if run_dir is not None else default_run_dir("lightning")
+        self.name = name
+        self.rec: Recorder | None = None
+        self.pc: PhaseClock | None = None
+        self._last_global_step = 0
+        self._t_batch_end: float | None = None
+        self._lr = math.nan
+        self._norm = math.nan
+        self.disabled = torch_auto.active()
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.disabled:
+            return
+        opt = trainer.optimizers[0] if trainer.optimizers else None
+        seed = os.environ.get("PL_GLOBAL_SEED")
+        meta = run_meta(pl_module, opt, "lightning.StepscopeCallback", {
+            "grad_accum": int(trainer.accumulate_grad_batches),
+            "num_devices": int(trainer.world_size),
+            "precision": _PRECISION.get(str(trainer.precision), str(trainer.precision)),
+            "seed": int(seed) if seed and seed.lstrip("-").isdigit() else None,
+            "parallel_strategy": type(trainer.strategy).__name__,
+        })
+        if self.name:
+            meta["name"] = self.name
+        self.rec = Recorder(self.run_dir, meta=meta, rank=int(trainer.global_rank))
+        self.pc = PhaseClock(self.rec, device=pl_module.device)
+        self._last_global_step = int(trainer.global_step)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:
+        pc = self.pc
+        if pc is None:
+            return
+        if pc.in_step and self._t_batch_end is not None:  # next micro-batch of the step
+            pc.rec.add_time("data_wait", time.perf_counter() - self._t_batch_end)
+        pc.step_begin()
+        pc.batch(batch)
+        pc.forward_begin()
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        if self.pc is not None:
+            self.pc.forward_end()
+            self.pc.loss(loss)
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if self.pc is not None:
+            self.pc.backward_end()
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        pc = self.pc
+        if pc is None:
+            return
+        try:
+            from .torch import grad_norm
+
+            groups = optimizer.param_groups
+            self._lr = float(groups[0]["lr"])
+            self._norm = grad_norm(p for g in groups for p in g["params"])
+        except Exception:
+            self._lr = self._norm = math.nan
+        pc.optimizer_begin()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        pc = self.pc
+        if pc is None:
+            return
+        if int(trainer.global_step) > self._last_global_step:  # the optimizer stepped
+            self._last_global_step = int(trainer.global_step)
+            pc.optimizer_end()
+            pc.step_end(lr=self._lr, grad_norm=self._norm)
+            self._t_batch_end = None
+        else:
+            self._t_batch_end = time.perf_counter()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close("finished", None)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._close("failed", f"{type(exception).__name__}: {exception}")
+
+    def _close(self, status: str, error: str | None) -> None:
+        if self.rec is not None:
+            self.rec.close(status=status, error=error)
+            self.rec = None
+            self.pc = None

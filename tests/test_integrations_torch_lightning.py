@@ -1,0 +1,65 @@
+"""Lightning Trainer with StepscopeCallback: a tiny next-token model on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pl = pytest.importorskip("lightning.pytorch")
+
+from stepscope.integrations.lightning import StepscopeCallback  # noqa: E402
+from stepscope.store import RunDir  # noqa: E402
+
+VOCAB, SEQ = 64, 16
+
+
+class _TinyLM(pl.LightningModule):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 32), torch.nn.Linear(32, VOCAB))
+        self.losses: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.net(x).reshape(-1, VOCAB), y.reshape(-1))
+        self.losses.append(float(loss))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+@pytest.mark.xdist_group("lightning")
+def test_lightning_callback_rows(tmp_path):
+    pl.seed_everything(5, verbose=False)
+    data = torch.randint(0, VOCAB, (64, SEQ + 1))
+    ds = torch.utils.data.TensorDataset(data[:, :-1], data[:, 1:])
+    loader = torch.utils.data.DataLoader(ds, batch_size=4)
+    model = _TinyLM()
+    run_dir = tmp_path / "run"
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=4, accumulate_grad_batches=2,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False,
+                         callbacks=[StepscopeCallback(run_dir)])
+    trainer.fit(model, loader)
+
+    table, stats = RunDir(run_dir).read_steps()
+    assert stats.skipped == 0
+    assert table["step"].tolist() == [0, 1, 2, 3]
+    assert table["tokens"].tolist() == [2 * 4 * SEQ] * 4  # two micro-batches of 4 x 16
+    assert table["samples"].tolist() == [8.0] * 4
+    # Lightning divides each micro-batch loss by 2 before backward: the step's sum is the mean
+    expected = [(a + b) / 2 for a, b in zip(model.losses[0::2], model.losses[1::2],
+                                            strict=True)]
+    assert np.allclose(table["loss"], expected, rtol=1e-5)
+    assert table["lr"].tolist() == [0.1] * 4
+    for col in ("step_time_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s",
+                "grad_norm"):
+        assert np.isfinite(table[col]).all() and (table[col] >= 0).all(), col
+    meta = RunDir(run_dir).read_meta()
+    assert meta.status == "finished"
+    b = meta.baseline
+    assert b["num_params"] == 64 * 32 + 32 * 64 + 64
+    assert (b["grad_accum"], b["precision"], b["seed"]) == (2, "fp32", 5)
+    assert b["optimizer"] == "SGD" and b["optimizer_hparams"]["momentum"] == 0.9
