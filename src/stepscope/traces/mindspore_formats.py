@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 
@@ -177,6 +178,21 @@ class Builder:
             if len(col) < n:
                 col.append(math.nan)
 
+    def extend(self, kinds: list[int], names: list[str], whole: list[int], frac: list[float],
+               dur: list[float], stream: list[int]) -> None:
+        """Bulk ``add`` of events without step or extra columns (kinds: EVENT_KINDS index)."""
+        index = self.names
+        self.name.extend([index.setdefault(n, len(index)) for n in names])
+        self.kind.extend(kinds)
+        self.start_int.extend(whole)
+        self.start_frac.extend(frac)
+        self.dur.extend(dur)
+        self.stream.extend(stream)
+        self.step.extend([-1] * len(kinds))
+        n = len(self.kind)
+        for col in self.extra.values():
+            col.extend([math.nan] * (n - len(col)))
+
     def build(self, rank: int, meta: dict[str, Any]) -> EventTable:
         whole = np.asarray(self.start_int, dtype=np.int64)
         origin = int(whole.min() // _ORIGIN_QUANTUM_US * _ORIGIN_QUANTUM_US) if whole.size else 0
@@ -215,37 +231,101 @@ def _load_json(path: Path) -> Any:
         raise TraceFormatError(f"{path}: cannot read ({exc})") from exc
 
 
-def read_trace_view(path: Path, b: Builder) -> int:
-    """Adds the op events of trace_view.json to ``b``; returns how many rows were skipped."""
-    data = _load_json(path)
-    if isinstance(data, dict):
-        data = data.get("traceEvents")
-    if not isinstance(data, list):
+# Decoder generated from the field table: msgspec fills only the mapped keys (plus "ph" and
+# "args", which only metadata rows carry on CPU) and skips the rest: no per-event dict.
+_TV_KEYS: tuple[str, ...] = ("ph", "args", *(f.raw for f in TRACE_VIEW_FIELDS))
+_TraceViewEvent = msgspec.defstruct("_TraceViewEvent", [(k, Any, None) for k in _TV_KEYS])
+_TV_DECODER = msgspec.json.Decoder(list[_TraceViewEvent])  # type: ignore[valid-type]
+
+
+_VECTOR_TYPES: dict[Callable[[Any], Any], type] = {_num: np.float64, _int: np.int64}
+
+
+def _trace_view_events(path: Path) -> list[Any]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read ({exc})") from exc
+    try:
+        return _TV_DECODER.decode(data)
+    except msgspec.ValidationError:
+        pass  # valid JSON of another shape ({"traceEvents": [...]}, odd rows): generic path
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(
+            f"{path}: not valid JSON ({exc}); expected a MindSpore profiler file. The file "
+            "may be truncated: re-run the profiler's analysis or pass a complete directory"
+        ) from exc
+    obj = _load_json(path)
+    if isinstance(obj, dict):
+        obj = obj.get("traceEvents")
+    if not isinstance(obj, list):
         raise TraceFormatError(
             f"{path}: expected a JSON array of Chrome-trace events (MindSpore trace_view.json), "
-            f"found {type(data).__name__}")
-    procs: dict[int, str | None] = {}
-    for e in data:
-        if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
-            label = str((e.get("args") or {}).get("name", ""))
-            procs[_int(e.get("pid", 0))] = TRACE_VIEW_PROCESSES.get(label, None)
-    skipped = 0
-    for e in data:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        r = _convert(TRACE_VIEW_FIELDS, e)
-        role = procs.get(r["pid"])
-        if role is None or not r["start_us"]:
-            skipped += 1
+            f"found {type(obj).__name__}")
+    return [_TraceViewEvent(**{k: e.get(k) for k in _TV_KEYS}) for e in obj
+            if isinstance(e, dict)]
+
+
+def _process_roles(events: list[Any]) -> dict[int, str | None]:
+    roles: dict[int, str | None] = {}
+    for e in events:
+        if e.ph == "M" and e.name == "process_name" and isinstance(e.args, dict):
+            try:
+                roles[_int(e.pid)] = TRACE_VIEW_PROCESSES.get(str(e.args.get("name", "")))
+            except (TypeError, ValueError):
+                continue
+    return roles
+
+
+def _column(f: Field, values: list[Any]) -> list[Any]:
+    """One mapped column: numbers in one numpy conversion when every value parses, else
+    value by value (the field's default where a value is missing or bad)."""
+    dtype = _VECTOR_TYPES.get(f.convert)
+    if dtype is not None:
+        try:
+            return np.asarray(values, dtype=dtype).tolist()  # type: ignore[no-any-return]
+        except (TypeError, ValueError, OverflowError):
+            pass
+    out = []
+    for v in values:
+        if v is None or (isinstance(v, str) and not v.strip()):
+            out.append(f.default)
             continue
         try:
-            whole, frac = _split_us(r["start_us"])
-        except ValueError:
-            skipped += 1
+            out.append(f.convert(v))
+        except (TypeError, ValueError):
+            out.append(f.default)
+    return out
+
+
+def read_trace_view(path: Path, b: Builder) -> int:
+    """Adds the op events of trace_view.json to ``b``; returns how many rows were skipped
+    (rows of derived processes such as "Scope Layer", and rows without a usable time)."""
+    events = _trace_view_events(path)
+    roles = _process_roles(events)
+    xs = [e for e in events if e.ph == "X"]
+    cols = {f.column: _column(f, [getattr(e, f.raw) for e in xs]) for f in TRACE_VIEW_FIELDS}
+    whole: list[int] = []
+    frac: list[float] = []
+    keep: list[int] = []
+    for i, (pid, ts) in enumerate(zip(cols["pid"], cols["start_us"], strict=True)):
+        if roles.get(pid) is None or not ts:
             continue
-        kind = "comm" if role == "comm" else _op_kind(r["name"])
-        b.add(kind, r["name"], whole, frac, r["dur_us"], r["stream"])
-    return skipped
+        try:
+            w, f = _split_us(ts)
+        except ValueError:
+            continue
+        whole.append(w)
+        frac.append(f)
+        keep.append(i)
+    names = [str(cols["name"][i]) for i in keep]
+    comm = EVENT_KINDS.index("comm")
+    kind_of = {n: comm if is_comm_op(n) else EVENT_KINDS.index("compute") for n in set(names)}
+    kinds = [comm if roles.get(cols["pid"][i]) == "comm" else kind_of[n]
+             for i, n in zip(keep, names, strict=True)]
+    b.extend(kinds, names, whole, frac, [cols["dur_us"][i] for i in keep],
+             [cols["stream"][i] for i in keep])
+    return len(xs) - len(keep)
 
 
 def _parse_occurrence(occ: str) -> dict[str, str]:

@@ -121,11 +121,11 @@ def _resolve_flat(codes: Arr, step: Arr, start: Arr) -> Arr:
     flat = codes == _FLAT
     if not flat.any():
         return out
-    first_bwd: dict[int, float] = {}
-    for k in np.unique(step):
-        b = (step == k) & (codes == _BWD)
-        first_bwd[int(k)] = float(start[b].min()) if b.any() else np.inf
-    limit = np.array([first_bwd[int(k)] for k in step])
+    keys, inv = np.unique(step, return_inverse=True)
+    first_bwd = np.full(keys.size, np.inf)
+    bwd = codes == _BWD
+    np.minimum.at(first_bwd, inv[bwd], start[bwd])
+    limit = first_bwd[inv]
     out[flat & (start < limit)] = _FWD
     out[flat & (start >= limit)] = _UNKNOWN
     return out
@@ -166,6 +166,15 @@ def _run_rows(start: Arr, end: Arr, phase: Arr,
         if p[a] in (_FWD, _BWD, _OPT):
             rows.append((int(p[a]), float(s[a]), float(e[a:b].max()), int(k[a])))
     return rows
+
+
+def _step_spans(start: Arr, end: Arr, step: Arr) -> tuple[list[int], list[float], list[float]]:
+    """(step, first start, last end) of each step present."""
+    keys, inv = np.unique(step, return_inverse=True)
+    lo, hi = np.full(keys.size, np.inf), np.full(keys.size, -np.inf)
+    np.minimum.at(lo, inv, start)
+    np.maximum.at(hi, inv, end)
+    return keys.tolist(), lo.tolist(), hi.tolist()
 
 
 def _append_rows(t: EventTable, rows: list[tuple[str, str, float, float, int]],
@@ -237,10 +246,9 @@ def annotate(t: EventTable, markers: Sequence[dict[str, Any]] | None = None) -> 
                       t.names, dict(t.extra), dict(t.meta))
     rows: list[tuple[str, str, float, float, int]] = []
     in_step = ops & (step >= 0)
-    for k in np.unique(step[in_step]):
-        sel = in_step & (step == k)
-        rows.append(("step", f"Step#{int(k)}", float(t.start_us[sel].min()),
-                     float((t.start_us[sel] + t.dur_us[sel]).max()), int(k)))
+    for k, s, e in zip(*_step_spans(t.start_us[in_step], (t.start_us + t.dur_us)[in_step],
+                                    step[in_step]), strict=True):
+        rows.append(("step", f"Step#{k}", s, e, k))
     for p, s, e, k in _run_rows(t.start_us[in_step], (t.start_us + t.dur_us)[in_step],
                                 filled[in_step], step[in_step]):
         rows.append(("phase", PHASE_NAMES[p], s, e, k))
@@ -260,13 +268,13 @@ def phase_busy_us(t: EventTable) -> dict[int, dict[str, float]]:
     if "phase" not in t.extra:
         return {}
     ops = np.isin(t.kind, [EVENT_KINDS.index("compute"), EVENT_KINDS.index("comm")])
-    code = t.extra["phase"]
+    ops &= t.step >= 0
+    keys, inv = np.unique(t.step[ops], return_inverse=True)
+    busy = np.zeros((keys.size, len(PHASE_NAMES)))
+    code = t.extra["phase"][ops].astype(np.int64)
+    np.add.at(busy, (inv, code), t.dur_us[ops])
     is_step = t.kind == EVENT_KINDS.index("step")
-    out: dict[int, dict[str, float]] = {}
-    for k in np.unique(t.step[ops & (t.step >= 0)]):
-        sel = ops & (t.step == k)
-        row = {p: float(t.dur_us[sel & (code == i)].sum()) for i, p in enumerate(PHASE_NAMES)}
-        span = t.dur_us[is_step & (t.step == k)]
-        row["step"] = float(span[0]) if span.size else float("nan")
-        out[int(k)] = row
-    return out
+    span = dict(zip(t.step[is_step].tolist(), t.dur_us[is_step].tolist(), strict=True))
+    return {int(k): {**dict(zip(PHASE_NAMES, row.tolist(), strict=True)),
+                     "step": span.get(int(k), float("nan"))}
+            for k, row in zip(keys, busy, strict=True)}
