@@ -324,3 +324,8 @@ def test_step_session_with_exact_numbers(tmp_path: Path) -> None:
     assert [e["type"] for e in events] == ["finding", "cross_rank", "cross_rank"]
     assert events[0]["message"].startswith("no loss recorded: the loop at step 1 held no loss")
     assert events[2]["straggler_scores"] == {"0": 1.5, "1": 0.75} and events[2]["step"] == 3
+
+
+def test_two_captures_of_one_rank_are_refused(shared_data: Path) -> None:
+    with pytest.raises(TraceFormatError, match="rank 0 appears in two profiler outputs"):
+        msr.read(shared_data / MS)  # tinylm run and rank 0 of the msrun job

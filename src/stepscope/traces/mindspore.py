@@ -187,12 +187,16 @@ def read(path: Path) -> list[EventTable]:
         raise TraceFormatError(
             f"{path}: no MindSpore profiler output found (looked for *{ASCEND_MS_SUFFIX} "
             f"directories with {OUTPUT_DIR}/ or {FRAMEWORK_DIR}/ up to 4 levels deep)")
-    tables: list[EventTable] = []
-    used: set[int] = set()
-    for i, d in enumerate(dirs):
-        rank = _rank_of(d)
-        if rank is None or rank in used:  # unnamed or duplicate: next free index
-            rank = next(r for r in range(i, i + len(dirs) + len(used) + 1) if r not in used)
-        used.add(rank)
-        tables.append(read_rank_dir(d, rank))
+    ranks = [_rank_of(d) for d in dirs]
+    seen: dict[int, Path] = {}
+    for d, r in zip(dirs, ranks, strict=True):
+        if r is not None and r in seen:
+            raise TraceFormatError(
+                f"{path}: rank {r} appears in two profiler outputs ({seen[r]} and {d}); "
+                "pass one capture (one profiles/<timestamp>/ directory or one *_ascend_ms)")
+        if r is not None:
+            seen[r] = d
+    free = (r for r in range(len(dirs) + len(seen)) if r not in seen)
+    tables = [read_rank_dir(d, r if r is not None else next(free))
+              for d, r in zip(dirs, ranks, strict=True)]
     return sorted(tables, key=lambda t: int(t.rank[0]) if len(t) else 0)
