@@ -114,3 +114,17 @@ def test_isolate_data_proves_the_slow_loader_and_clears_the_clean_run(tmp_path: 
     assert slow["experiment_rate"] > 2 * slow["baseline_rate"]
     assert verdicts["clean"]["verdict"] != "bottleneck"
     assert "not the bottleneck" in verdicts["clean"]["message"]
+
+
+@pytest.mark.slow
+def test_isolate_comm_bounds_the_heavy_comm_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "iso-comm"
+    proc = _stepscope("isolate", "comm", "--steps", "15", "--warmup", "3", "--out", str(out),
+                      "--json", "--", *_command("heavy_comm"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout)["result"]
+    assert (res["kind"], res["verdict"], res["valid_training_run"]) == ("comm", "bottleneck",
+                                                                        False)
+    assert res["share"] > 0.3
+    meta = json.loads((out / "nosync-comm" / "run.json").read_text())
+    assert meta["config"].get("valid_training_run") is False
