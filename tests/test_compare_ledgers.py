@@ -114,6 +114,13 @@ def test_cli_compare_exit_codes_and_json(capsys: pytest.CaptureFixture[str],
     assert out.splitlines()[0] == "| config | step time (s) | comm share | tokens/s | MFU |"
     code, _, err = run_cli(capsys, "compare", base, str(runs["base"].parent / "nope"))
     assert code == 2 and err.startswith("stepscope: error:") and "does not exist" in err
+    # --repeat: the same configuration run again measures run-to-run noise ...
+    code, out, _ = run_cli(capsys, "compare", base, slow, "--repeat", str(runs["repeat"]),
+                           "--json")
+    assert (code, orjson.loads(out)["speed"]["verdict"]) == (0, "slower")
+    # ... and a run of another configuration is refused as a repeat.
+    code, _, err = run_cli(capsys, "compare", base, slow, "--repeat", two)
+    assert code == 2 and "is not a repeat of" in err
 
 
 def test_eval_log_feeds_the_quality_ledger(capsys: pytest.CaptureFixture[str], tmp_path: Path,

@@ -264,3 +264,14 @@ def test_cli_scaling(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
     assert [(p["name"], p["num_devices"], p["efficiency"]) for p in doc["points"]] == [
         ("d8", 8, 1.0), ("d32", 32, pytest.approx(0.9))]
     assert (doc["mode"], doc["differing"]) == ("weak", [])
+
+
+def test_baseline_repeat_measures_run_to_run_noise() -> None:
+    # B is 5% faster than A on every step; a repeat of A's configuration came in 6% faster
+    # than A, so 5% is within measured run-to-run noise.
+    a, a2, b = (table([1.0] + [t] * 19) for t in (0.1, 0.1 / 1.06, 0.1 / 1.05))
+    alone = speed_ledger(a, None, b, None, n_boot=100)
+    assert alone.verdict == "faster"
+    with_repeat = speed_ledger(a, None, b, None, n_boot=100, baseline_repeats=[(a2, None)])
+    assert with_repeat.metrics["tokens_per_s"].noise_rel == pytest.approx(0.06)
+    assert with_repeat.verdict == "no significant difference"

@@ -194,10 +194,13 @@ def compare_runs(table_a: StepTable, meta_a: RunMeta, table_b: StepTable, meta_b
                  evals_a: Sequence[Mapping[str, Any]] = (),
                  evals_b: Sequence[Mapping[str, Any]] = (), *, seed: int = 0,
                  n_boot: int = N_BOOT, min_effect_rel: float = MIN_EFFECT_REL,
-                 eval_tolerance_rel: float = EVAL_TOLERANCE_REL) -> Comparison:
+                 eval_tolerance_rel: float = EVAL_TOLERANCE_REL,
+                 baseline_repeats: Sequence[tuple[StepTable, RunMeta | None]] = (),
+                 ) -> Comparison:
     """Compare run B against baseline A. Pure: reads tables and metadata, returns data.
 
     ``seed`` drives the bootstrap, so the same inputs always give the same intervals.
+    ``baseline_repeats`` (runs of A's configuration) measure run-to-run noise.
 
     Example::
 
@@ -208,7 +211,7 @@ def compare_runs(table_a: StepTable, meta_a: RunMeta, table_b: StepTable, meta_b
     """
     differing, environment = diff_fingerprints(meta_a, meta_b)
     speed = speed_ledger(table_a, meta_a, table_b, meta_b, seed=seed, n_boot=n_boot,
-                         min_effect_rel=min_effect_rel)
+                         min_effect_rel=min_effect_rel, baseline_repeats=baseline_repeats)
     quality = quality_ledger(table_a, table_b, evals_a, evals_b,
                              eval_tolerance_rel=eval_tolerance_rel)
     trap = batch_trap(meta_a.baseline, meta_b.baseline)

@@ -13,7 +13,10 @@ each run's split-half disagreement (the metric on the first half of the kept ste
 second half: drift), and ``MIN_EFFECT_REL``. Why not the interval alone: it measures how
 well the medians are known, not how much two launches of one configuration differ
 (placement, allocator state, neighbours' load), which two runs cannot measure; the spread
-and drift are the conservative stand-in. The seed is injected so results are reproducible.
+and drift are the conservative stand-in. When repeats of the baseline are given, how far
+each lands from A is that run-to-run noise, measured, and joins the maximum. Two runs
+launched one after the other on a shared machine see different load: interleave or repeat
+them. The seed is injected so results are reproducible.
 
 Example::
 
@@ -24,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,36 +146,56 @@ def _judge(m: SpeedMetric, ci_rel: tuple[float, float], noise: float) -> str:
     return "better" if up == (m.better == "higher") else "worse"
 
 
-def _metric(name: str, sa: StepSample, sb: StepSample, n_boot: int, seed: int,
-            min_effect_rel: float) -> SpeedMetric:
+def _point(name: str, s: StepSample) -> float | None:
+    """The metric over all kept steps of one run (None when the run lacks its data)."""
     spec = METRICS[name]
-    stat = spec.stat
-    m = SpeedMetric(name, None, None, spec.better)
-    if not (_has(sa, spec.column) and _has(sb, spec.column)):
-        return m
-    scale_a = scale_b = 1.0
+    if not _has(s, spec.column):
+        return None
+    scale = 1.0
     if name == "mfu":
-        if sa.mfu_per_token_s is None or sb.mfu_per_token_s is None:
-            return m
-        scale_a, scale_b = sa.mfu_per_token_s, sb.mfu_per_token_s
-    a = float(stat(sa, np.ones((1, sa.n_steps)))[0]) * scale_a
-    b = float(stat(sb, np.ones((1, sb.n_steps)))[0]) * scale_b
-    m.a, m.b = _none(a), _none(b)
-    if m.a is None or m.b is None or a == 0:
+        if s.mfu_per_token_s is None:
+            return None
+        scale = s.mfu_per_token_s
+    return _none(float(spec.stat(s, np.ones((1, s.n_steps)))[0]) * scale)
+
+
+def _noise(name: str, sa: StepSample, sb: StepSample, repeats: Sequence[StepSample],
+           a: float, min_effect_rel: float) -> float:
+    """The runs' own noise for one metric (see module doc), relative."""
+    spec = METRICS[name]
+    parts = [split_half_rel(sa, spec.stat), split_half_rel(sb, spec.stat),
+             spread_rel(sa, spec.per_step), spread_rel(sb, spec.per_step), min_effect_rel]
+    for rep in repeats:  # measured run-to-run noise: the baseline against its repeat
+        value = _point(name, rep)
+        if value is not None:
+            parts.append(abs(value / a - 1.0))
+    return max(parts)
+
+
+def _metric(name: str, sa: StepSample, sb: StepSample, repeats: Sequence[StepSample],
+            n_boot: int, seed: int, min_effect_rel: float) -> SpeedMetric:
+    stat = METRICS[name].stat
+    a, b = _point(name, sa), _point(name, sb)
+    m = SpeedMetric(name, a, b, METRICS[name].better)
+    if a is None or b is None or a == 0:
         return m
     m.diff, m.diff_rel = b - a, b / a - 1.0
-    boot_a = _bootstrap(stat, sa.blocked(MAX_BOOT_UNITS), n_boot, seed, 0) * scale_a
-    boot_b = _bootstrap(stat, sb.blocked(MAX_BOOT_UNITS), n_boot, seed, 1) * scale_b
+    boot_a = _bootstrap(stat, sa.blocked(MAX_BOOT_UNITS), n_boot, seed, 0) * (a / _raw(sa, stat))
+    boot_b = _bootstrap(stat, sb.blocked(MAX_BOOT_UNITS), n_boot, seed, 1) * (b / _raw(sb, stat))
     ok = np.isfinite(boot_a) & np.isfinite(boot_b) & (boot_a != 0)
     tail = (1.0 - CI_LEVEL) / 2 * 100
     d = np.percentile(boot_b[ok] - boot_a[ok], [tail, 100 - tail])
     r = np.percentile(boot_b[ok] / boot_a[ok] - 1.0, [tail, 100 - tail])
     m.ci, m.ci_rel = (float(d[0]), float(d[1])), (float(r[0]), float(r[1]))
-    noise = max(split_half_rel(sa, stat), split_half_rel(sb, stat),
-                spread_rel(sa, spec.per_step), spread_rel(sb, spec.per_step), min_effect_rel)
+    noise = _noise(name, sa, sb, repeats, a, min_effect_rel)
     m.noise_rel = _none(noise)
     m.change = _judge(m, m.ci_rel, noise)
     return m
+
+
+def _raw(s: StepSample, stat: Stat) -> float:
+    """The unscaled statistic (MFU's replicates are scaled by point / raw)."""
+    return float(stat(s, np.ones((1, s.n_steps)))[0])
 
 
 def _memory(sa: StepSample, sb: StepSample) -> SpeedMetric:
@@ -187,8 +211,13 @@ def _memory(sa: StepSample, sb: StepSample) -> SpeedMetric:
 
 def speed_ledger(table_a: StepTable, meta_a: RunMeta | None, table_b: StepTable,
                  meta_b: RunMeta | None, *, seed: int = 0, n_boot: int = N_BOOT,
-                 min_effect_rel: float = MIN_EFFECT_REL) -> SpeedLedger:
+                 min_effect_rel: float = MIN_EFFECT_REL,
+                 baseline_repeats: Sequence[tuple[StepTable, RunMeta | None]] = (),
+                 ) -> SpeedLedger:
     """Speed metrics of B against baseline A, each with a bootstrap interval and a call.
+
+    ``baseline_repeats``: other runs of A's exact configuration; how far each lands from A
+    is measured run-to-run noise, added to the noise a difference must exceed.
 
     Example::
 
@@ -196,10 +225,11 @@ def speed_ledger(table_a: StepTable, meta_a: RunMeta | None, table_b: StepTable,
         ledger.metrics["tokens_per_s"].ci_rel    # e.g. (0.081, 0.094): B is 8-9% faster
     """
     sa, sb = step_sample(table_a, meta_a), step_sample(table_b, meta_b)
+    repeats = [step_sample(t, m) for t, m in baseline_repeats]
     metrics: dict[str, SpeedMetric] = {}
     if sa.n_steps and sb.n_steps:
         for name in METRICS:
-            metrics[name] = _metric(name, sa, sb, n_boot, seed, min_effect_rel)
+            metrics[name] = _metric(name, sa, sb, repeats, n_boot, seed, min_effect_rel)
     metrics["mem_peak_bytes"] = _memory(sa, sb)
     primary = next((p for p in _PRIMARY if p in metrics and metrics[p].diff_rel is not None),
                    None)

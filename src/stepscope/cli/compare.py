@@ -1,6 +1,7 @@
 """Commands of the comparison area: compare, index, scaling, eval-log.
 
     stepscope compare RUN_A RUN_B [--json] [--allow-multi] [--markdown] [--seed N]
+                      [--repeat RUN_A2]...
     stepscope index ROOT [--markdown] [--json] [--where EXPR]... [--sort COL] [--best EXPR]
     stepscope scaling RUN... [--json] [--markdown] [--allow-multi]
     stepscope eval-log RUN --step N --metric NAME=VALUE... [--tokens T] [--json]
@@ -17,7 +18,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from ..analysis.compare import Comparison, compare_runs
+from ..analysis.compare import Comparison, compare_runs, diff_fingerprints
 from ..analysis.quality_ledger import eval_record
 from ..analysis.scaling import scaling
 from ..errors import ConfigError, StepscopeError
@@ -52,13 +53,21 @@ def load_for_compare(path: str | Path) -> tuple[StepTable, RunMeta, list[dict[st
 @click.option("--allow-multi", is_flag=True,
               help="Exit 0 even when more than one baseline variable differs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option("--repeat", "repeats", multiple=True, type=click.Path(), metavar="RUN",
+              help="Another run of RUN_A's configuration: measures run-to-run noise "
+                   "(repeatable).")
 @click.pass_context
 def compare_cmd(ctx: click.Context, run_a: str, run_b: str, as_json: bool, markdown: bool,
-                allow_multi: bool, seed: int) -> None:
+                allow_multi: bool, seed: int, repeats: tuple[str, ...]) -> None:
     """Compare RUN_B against the baseline RUN_A: one variable, two ledgers, one verdict."""
     ta, ma, ea = load_for_compare(run_a)
     tb, mb, eb = load_for_compare(run_b)
-    result = compare_runs(ta, ma, tb, mb, ea, eb, seed=seed)
+    reps = [load_for_compare(r)[:2] for r in repeats]
+    for (_, mr), path in zip(reps, repeats, strict=True):
+        if diff_fingerprints(ma, mr)[0]:
+            raise ConfigError(f"--repeat {path} is not a repeat of {run_a}: "
+                              f"{', '.join(str(d) for d in diff_fingerprints(ma, mr)[0])}")
+    result = compare_runs(ta, ma, tb, mb, ea, eb, seed=seed, baseline_repeats=reps)
     _emit_comparison(result, as_json, markdown)
     if result.verdict == "invalid" and not allow_multi:
         ctx.exit(EXIT_INVALID)
