@@ -275,3 +275,22 @@ def test_baseline_repeat_measures_run_to_run_noise() -> None:
     with_repeat = speed_ledger(a, None, b, None, n_boot=100, baseline_repeats=[(a2, None)])
     assert with_repeat.metrics["tokens_per_s"].noise_rel == pytest.approx(0.06)
     assert with_repeat.verdict == "no significant difference"
+
+
+def test_loss_matched_on_steps_without_tokens_and_scaling_view() -> None:
+    from rich.console import Console
+
+    from stepscope.report.compare_view import render_scaling
+
+    nan = float("nan")
+    ta = table([0.1] * 10, tokens=nan, loss=[1.0] * 10)
+    tb = table([0.1] * 20, tokens=nan, loss=[0.9] * 20)
+    m = quality_ledger(ta, tb).metrics["train_loss"]
+    # window = last 10% of step 9 = steps 8.1..9 -> step 9 only in both runs
+    assert (m.at, m.a, m.b, m.verdict) == ({"step": 9.0}, 1.0, 0.9, "holds")
+    r = scaling([("one", table([0.5] + [1.0] * 5, tokens=100.0), meta("1", num_devices=1)),
+                 ("two", table([0.5] + [1.0] * 5, tokens=150.0), meta("2", num_devices=2))])
+    console = Console(width=100, record=True)
+    render_scaling(console, r)
+    text = console.export_text()
+    assert "Scaling (unknown)" in text and "75.0%" in text and "100.0%" in text

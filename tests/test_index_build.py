@@ -192,3 +192,12 @@ def test_stale_schema_is_rebuilt_and_queries_refuse(tmp_path: Path) -> None:
         query_index(db)
     assert build_index(tmp_path, db).stats.read == 1
     assert [r["name"] for r in query_index(db)] == ["r"]
+
+
+def test_profile_archives_are_indexed_and_trigger_a_reread(root: Path) -> None:
+    build_index(root)
+    stepscope.RunDir.open(root / "b-8").new_profile_dir("20261130T101500.123Z")
+    res = build_index(root)
+    assert (res.stats.read, res.stats.unchanged) == (1, 5)
+    row = query_index(res.db_path, ["name=b-8"])[0]
+    assert orjson.loads(row["profiles"]) == ["profiles/20261130T101500.123Z"]
