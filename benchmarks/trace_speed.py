@@ -191,7 +191,7 @@ def main() -> None:
         for scale in scales:
             d = dirs[scale]
             ours = best_of(sys.executable, STEPSCOPE_CHILD, d / "rank0.pt.trace.json.gz",
-                           args.repeat)
+                           max(args.repeat, 5))  # cheap: more runs, less noise
             hta = best_of(HTA_PY, HTA_CHILD, d, args.repeat) if use_hta else None
             rows.append((scale, ours, hta))
             speed = hta["seconds"] / ours["seconds"] if hta and ours else None
