@@ -77,3 +77,7 @@ def test_exact_mode_says_how_it_differs_and_differs_where_it_should(shared_data:
     assert hta["ranks"]["0"]["idle_pct"] == 2.63  # HTA's default window
     # Exact mode keeps the last step and ns times: a different (larger) window.
     assert exact["ranks"]["0"]["window_us"] > hta["ranks"]["0"]["window_us"]
+    # One stream: its busy time is the accelerator's busy time.
+    r = exact["ranks"]["0"]
+    assert list(r["stream_busy_us"]) == ["7"]
+    assert r["stream_busy_us"]["7"] == pytest.approx(r["window_us"] - r["idle_us"])

@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..schema import EventTable
 from ..traces.kineto import COMM_LOOKED_FOR
 from .ops import OpRow, op_totals
-from .overlap import Temporal, exact_temporal, hta_temporal, step_table
+from .overlap import Temporal, exact_temporal, hta_temporal, step_table, stream_busy
 from .steps import BAR_PHASES, StepRow, step_rows
 
 __all__ = ["TraceReport", "RankReport", "RankComparison", "analyze", "parse_steps",
@@ -55,6 +55,7 @@ class RankReport:
     temporal: Temporal | None
     steps: list[StepRow]
     no_comm_note: str = NO_COMM_MESSAGE  # what the reader looked for, when it found none
+    stream_busy_us: dict[int, float] = field(default_factory=dict)  # per device stream
 
     def phase_means_us(self) -> dict[str, float]:
         if not self.steps:
@@ -80,6 +81,7 @@ class RankReport:
             comm_note=None if (t and t.comm_us > 0) else self.no_comm_note,
             step_time_median_us=self.step_time_median_us(),
             phase_means_us=self.phase_means_us(), source=self.source,
+            stream_busy_us={str(k): v for k, v in sorted(self.stream_busy_us.items())},
             steps=[r.to_dict() for r in self.steps],
         )
         return out
@@ -190,7 +192,8 @@ def analyze(tables: Sequence[EventTable], hta_compatible: bool = False,
         else:
             temporal = exact_temporal(t, chosen)
         ranks[rank] = RankReport(rank, str(t.meta.get("path", "")), temporal,
-                                 step_rows(t, chosen), _no_comm_note(t))
+                                 step_rows(t, chosen), _no_comm_note(t),
+                                 stream_busy(t, chosen))
         warnings.extend(_rank_warnings(rank, t, ranks[rank]))
     if hta_compatible and chosen is not None:
         warnings.append("--steps applies to the per-step rows; the HTA-compatible rank "

@@ -41,7 +41,7 @@ from ..schema import EVENT_KINDS, EventTable
 from . import intervals as iv
 
 __all__ = ["Temporal", "exact_temporal", "hta_temporal", "host_compute_mask", "step_table",
-           "device_mask", "step_window"]
+           "device_mask", "step_window", "stream_busy"]
 
 # HTA 0.5.0 hta/utils/utils.py name rules (re.match, i.e. anchored at the start).
 HTA_COMM_RE = re.compile(r"^nccl.*Kernel")
@@ -255,3 +255,16 @@ def exact_temporal(t: EventTable, steps: Collection[int] | None = None) -> Tempo
     comp_us = iv.total(comp)
     return Temporal("host", "exact", w_us, w_us - busy_us, comp_us, busy_us - comp_us,
                     iv.total(comm), iv.total(iv.intersect(comm, comp)))
+
+
+def stream_busy(t: EventTable, steps: Collection[int] | None = None) -> dict[int, float]:
+    """Accelerator view per stream: busy time (union of its device work) in µs."""
+    dev = device_mask(t, steps)
+    if not dev.any() or t.meta.get("device") == "cpu":
+        return {}
+    end = _ends(t)
+    out: dict[int, float] = {}
+    for stream in np.unique(t.stream[dev]).tolist():
+        m = dev & (t.stream == stream)
+        out[int(stream)] = iv.total(iv.union(t.start_us[m], end[m]))
+    return out
