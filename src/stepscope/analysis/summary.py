@@ -47,6 +47,8 @@ _PHASE_COLUMNS = {
     "data_wait": "data_wait_s",
     "forward": "forward_s",
     "backward": "backward_s",
+    # Frameworks that fuse the two (MindSpore value_and_grad) record one phase.
+    "forward_backward": "forward_backward_s",
     "comm_exposed": "comm_exposed_s",
     "optimizer": "optimizer_s",
 }

@@ -24,7 +24,9 @@ __all__ = ["render_html"]
 
 _PHASE_COLOURS = {
     "data_wait_s": ("data wait", "#d62728"), "forward_s": ("forward", "#17becf"),
-    "backward_s": ("backward", "#1f77b4"), "comm_exposed_s": ("exposed comm", "#e377c2"),
+    "backward_s": ("backward", "#1f77b4"),
+    "forward_backward_s": ("forward+backward", "#3b5fa8"),
+    "comm_exposed_s": ("exposed comm", "#e377c2"),
     "optimizer_s": ("optimizer", "#2ca02c"),
 }
 _CSS = """
@@ -77,6 +79,7 @@ def _cards(s: Sheet) -> str:
 
 def _split(s: Sheet) -> str:
     colours = {"data_wait": "#d62728", "forward": "#17becf", "backward": "#1f77b4",
+               "forward_backward": "#3b5fa8",
                "comm_exposed": "#e377c2", "optimizer": "#2ca02c", "other": "#bbbbbb"}
     parts = [(p, f) for p, f in s.phase_frac.items() if f > 0]
     bar = "".join(f'<div title="{_e(p)} {fmt_pct(f)}" style="width:{100 * f:.3f}%;'
