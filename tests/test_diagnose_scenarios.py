@@ -5,6 +5,8 @@ scenarios.
 
 The scenarios (tests/scenarios/*.py) are plain PyTorch scripts with no stepscope imports,
 a few seconds each on a CPU; the two DDP ones run under torchrun with 2 gloo ranks.
+They share one xdist group: timing faults are judged on a host that the suite itself does
+not overload with a second scenario at the same time.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.xdist_group("diagnose_scenarios")
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 BIN = Path(sys.executable).parent

@@ -1,10 +1,11 @@
 """Diagnosis: the step table, health findings, recorded experiments and (if any) a trace
 breakdown combined into ranked findings, the bottleneck, and advice.
 
-Ranking: severity first, then impact (the share of step time a finding costs), then
-confidence. Findings that explain each other are reconciled (a straggler explains the
-other ranks' communication wait; a non-finite step explains the spikes after it; an
-isolation experiment confirms or clears the data-wait suspect). The bottleneck is the
+Ranking: severity first, then training health before speed, then impact (the share of
+step time a finding costs), then confidence. Findings that explain each other are
+reconciled (a straggler explains the other ranks' communication wait; a non-finite step
+explains the spikes after it; an isolation experiment confirms or clears the data-wait
+suspect). The bottleneck is the
 performance finding (warning or worse) with the largest impact, or None for a healthy run.
 
 Example::
@@ -168,11 +169,13 @@ def _reconcile(findings: list[Finding], table: StepTable) -> None:
             if f.rule.startswith("integration") and f.severity == "warning":
                 _demote(f, "the loss is recorded; only an optional measurement is missing")
     strag = [f for f in by["straggler"] if f.severity != "info"]
-    if strag:
-        for f in by["communication"]:
-            if f.rule == "health.comm" and f.severity == "warning":
-                _demote(f, f"communication time includes waiting for straggler rank "
-                           f"{strag[0].rank}")
+    for f in by["communication"] if strag else []:
+        # the others' communication time is mostly waiting when the straggler's excess
+        # accounts for at least half of it
+        if (f.rule == "health.comm" and f.severity == "warning"
+                and _impact(strag[0]) >= 0.5 * _impact(f)):
+            _demote(f, f"communication time is mostly waiting for straggler rank "
+                       f"{strag[0].rank}")
     nan = [f for f in by["numerics"] if f.severity == "critical" and f.steps]
     if nan:
         first = min(f.steps[0] for f in nan if f.steps)
@@ -231,8 +234,10 @@ def diagnose(table: StepTable, meta: RunMeta | None = None,
     info = _compute_info(table, findings)
     if info is not None:
         findings.append(info)
-    findings.sort(key=lambda f: (severity_rank(f.severity), -_impact(f), -f.confidence,
-                                 f.steps[0] if f.steps else -1))
+    # Training health before speed at equal severity: a speed-up of a diverging run is moot.
+    findings.sort(key=lambda f: (severity_rank(f.severity),
+                                 f.category in PERFORMANCE_CATEGORIES, -_impact(f),
+                                 -f.confidence, f.steps[0] if f.steps else -1))
     perf = [f for f in findings
             if f.category in PERFORMANCE_CATEGORIES and f.severity != "info"]
     bottleneck = max(perf, key=_impact).category if perf else None
