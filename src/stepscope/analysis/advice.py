@@ -99,7 +99,8 @@ _TABLE: dict[tuple[str, str], list[tuple[str, str, str, str, str | None]]] = {
     ("memory", _T): [
         ("memory", "torch.utils.checkpoint on selected blocks", "selective activation "
          "checkpointing of the most memory-hungry blocks, not the whole network",
-         "activation memory down at ~+20-30% compute on those blocks", None),
+         "their activations freed for one extra forward of them (Korthikanti et al. 2022: "
+         "selective recompute ~+3% FLOPs vs ~+30% for full)", None),
         ("memory", "smaller micro-batch + gradient accumulation", "halve the micro-batch, "
          "double accumulation (same global batch)", "activation memory halves; watch "
          "BatchNorm statistics and the loss scale", None),
@@ -175,16 +176,14 @@ def _memory_note(meta: RunMeta | None) -> str | None:
     if not isinstance(n, (int, float)) or n <= 0:
         return None
     dp = int(base.get("dp") or base.get("num_devices") or 1)
-    try:  # the calculator issue's estimate, when it has landed
+    try:  # the calculator's estimate (stepscope.calc.memory), imported lazily
         mem: Any = importlib.import_module("stepscope.calc.memory")
-        est = mem.estimate_memory(num_params=n, dp=dp, zero_stage=3)
-        z3 = float(est["model_states_bytes"] if isinstance(est, dict)
-                   else est.model_states_bytes)
+        z0, z3 = (float(mem.estimate_memory(num_params=n, dp=dp, zero_stage=z)
+                        .model_states_bytes) for z in (0, 3))
         src = "stepscope.calc.memory"
     except Exception:  # absent or a different signature: the ZeRO paper's formula
-        z3 = model_state_bytes(n, dp, 3)
+        z0, z3 = model_state_bytes(n, dp, 0), model_state_bytes(n, dp, 3)
         src = "ZeRO paper formula (16 bytes/param, mixed-precision Adam)"
-    z0 = model_state_bytes(n, dp, 0)
     return (f"model states ~{z0 / 2**30:.1f} GiB/device unsharded vs ~{z3 / 2**30:.1f} GiB "
             f"with ZeRO-3 over dp={dp} ({src})")
 

@@ -5,8 +5,8 @@ Ranking: severity first, then training health before speed, then impact (the sha
 step time a finding costs), then confidence. Findings that explain each other are
 reconciled (a straggler explains the other ranks' communication wait; a non-finite step
 explains the spikes after it; an isolation experiment confirms or clears the data-wait
-suspect). The bottleneck is the
-performance finding (warning or worse) with the largest impact, or None for a healthy run.
+suspect). The bottleneck is the performance finding (warning or worse) with the largest
+impact, or None for a healthy run.
 
 Example::
 

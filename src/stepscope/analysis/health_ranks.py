@@ -10,6 +10,8 @@ Example::
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ..schema import AnyArray, StepTable
@@ -79,19 +81,18 @@ def rule_straggler(ctx: HealthContext) -> list[Finding]:
 
 
 def _slow_share(t: StepTable, own: AnyArray, rank: int) -> float:
-    """Share of steps on which ``rank``'s own time is above every other rank's median."""
-    steps = np.unique(t["step"])
-    hits = total = 0
-    for s in steps:
-        m = t["step"] == s
-        if m.sum() < 2:
-            continue
-        mine = own[m & (t["rank"] == rank)]
-        others = own[m & (t["rank"] != rank)]
-        if mine.size and others.size and np.isfinite(mine[0]):
-            total += 1
-            hits += int(mine[0] > np.nanmedian(others))
-    return hits / total if total else 0.0
+    """Share of steps on which ``rank``'s own time is above the other ranks' median."""
+    steps_u, si = np.unique(t["step"], return_inverse=True)
+    ranks_u, ri = np.unique(t["rank"], return_inverse=True)
+    grid = np.full((steps_u.size, ranks_u.size), np.nan)
+    grid[si, ri] = own  # steps x ranks
+    j = int(np.flatnonzero(ranks_u == rank)[0])
+    others = np.delete(grid, j, axis=1)
+    with warnings.catch_warnings():  # steps no other rank recorded: all-NaN rows
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = np.nanmedian(others, axis=1)
+    ok = np.isfinite(grid[:, j]) & np.isfinite(ref)
+    return float(np.mean(grid[ok, j] > ref[ok])) if ok.any() else 0.0
 
 
 def _phase_gap(t: StepTable, rank: int) -> str | None:
