@@ -201,7 +201,8 @@ def _compute_info(table: StepTable, findings: list[Finding]) -> Finding | None:
     mask = steady_mask(table)
     t = table.select(mask) if mask.any() else table
     total = float(np.nansum(t["step_time_s"]))
-    cols = [c for c in ("forward_s", "backward_s", "optimizer_s") if t.has_data(c)]
+    cols = [c for c in ("forward_s", "backward_s", "forward_backward_s", "optimizer_s")
+            if t.has_data(c)]
     if total <= 0 or not cols:
         return None
     frac = sum(float(np.nansum(t[c])) for c in cols) / total

@@ -101,7 +101,8 @@ def _rate(table: StepTable) -> tuple[float | None, str, int]:
     return total, unit, len(t)
 
 
-_COMPUTE = ("forward_s", "backward_s", "optimizer_s")
+# forward_backward_s: MindSpore's fused value_and_grad phase
+_COMPUTE = ("forward_s", "backward_s", "forward_backward_s", "optimizer_s")
 
 
 def _medians(table: StepTable) -> tuple[float, float] | None:
@@ -109,7 +110,7 @@ def _medians(table: StepTable) -> tuple[float, float] | None:
     mask = steady_mask(table)
     t = table.select(mask) if mask.any() else table
     cols = [c for c in _COMPUTE if t.has_data(c)]
-    if not len(t) or "forward_s" not in cols:
+    if not len(t) or not {"forward_s", "forward_backward_s"} & set(cols):
         return None
     comp = sum(np.nan_to_num(t[c]) for c in cols)
     return float(np.nanmedian(t["step_time_s"])), float(np.median(comp))
