@@ -234,7 +234,7 @@ def exact_temporal(t: EventTable, steps: Collection[int] | None = None) -> Tempo
     comm_k, comp_k = EVENT_KINDS.index("comm"), EVENT_KINDS.index("compute")
     if dev.any() and t.meta.get("device") != "cpu":
         busy = iv.union(t.start_us[dev], end[dev])
-        span = float(busy[1][-1] - busy[0][0])
+        span = float(end[dev].max() - t.start_us[dev].min())  # zero-length events count
         comp = iv.union(t.start_us[dev & (t.kind == comp_k)], end[dev & (t.kind == comp_k)])
         comm = iv.union(t.start_us[dev & (t.kind == comm_k)], end[dev & (t.kind == comm_k)])
         busy_us, comp_us = iv.total(busy), iv.total(comp)
