@@ -101,3 +101,33 @@ def test_events_append_and_read(tmp_path: Path) -> None:
     events, stats = run.read_events()
     assert [e["type"] for e in events] == ["alert", "eval"] and stats.torn_tail == 1
     assert run.read_events(type="eval")[0][0]["val_loss"] == 1.5
+
+
+def test_explicit_nan_is_kept_apart_from_not_recorded(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "run", background=False)
+    for loss in (1.0, float("nan"), float("inf")):
+        with rec.step(tokens=4) as s:
+            s.log(loss=loss)
+    with rec.step(tokens=4):  # loss not logged at all
+        pass
+    rec.log(grad_norm=float("nan"))  # late record, after the step closed
+    rec.close()
+    raw = (tmp_path / "run" / "steps" / "rank-00000.jsonl").read_text()
+    assert '"loss":"NaN"' in raw and '"loss":"Infinity"' in raw
+    table, stats = RunDir.open(tmp_path / "run").read_steps()
+    assert stats.skipped == 0
+    loss = table["loss"]
+    assert loss[0] == 1.0 and math.isnan(loss[1]) and loss[2] == math.inf
+    assert math.isnan(loss[3])
+    assert table["loss_nan"].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert table["grad_norm_nan"].tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert "tokens_nan" not in table
+
+
+def test_wrong_typed_values_do_not_break_the_reader(tmp_path: Path) -> None:
+    run = _make(tmp_path)
+    run.steps_path(0).write_bytes(
+        b'{"rank":0,"step":0,"loss":"abc","lr":true,"note":[1],"step_time_s":1}\n')
+    table, stats = run.read_steps()
+    assert len(table) == 1 and math.isnan(table["loss"][0]) and math.isnan(table["lr"][0])
+    assert table["step_time_s"][0] == 1.0

@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import sys
 import threading
 import time
 import warnings
@@ -57,12 +58,16 @@ __all__ = ["Recorder", "Step"]
 
 T = TypeVar("T")
 _NAN = math.nan
+# Marks a slot nothing was recorded in. Distinct from NaN so that a NaN the training
+# produced (loss=nan) is written as "NaN" and not confused with "not measured".
+_UNSET = -sys.float_info.max
 _MAX_EXTRA = 32
 _COL = {name: i for i, name in enumerate(STEP_COLUMN_NAMES)}
 _I_RANK, _I_STEP = _COL["rank"], _COL["step"]
 _I_END, _I_WALL = _COL["end_s"], _COL["wall_time_s"]
 _I_STEP_TIME, _I_DATA = _COL["step_time_s"], _COL["data_wait_s"]
 _I_TOKENS, _I_SAMPLES, _I_SYNCED = _COL["tokens"], _COL["samples"], _COL["synced"]
+_I_CPU = _COL["cpu_s"]
 # Phase names accepted by Step.phase / Recorder.add_time and their columns.
 _PHASE_COL = {
     "data": _I_DATA, "data_wait": _I_DATA,
@@ -103,7 +108,7 @@ class _Phase:
         dt = rec._clock() - self._t0
         row = rec._row
         v = row[self._col]
-        row[self._col] = dt if v != v else v + dt  # v != v: NaN, first time in this step
+        row[self._col] = dt if v == _UNSET else v + dt
 
 
 class Step:
@@ -138,6 +143,9 @@ class Recorder:
             ``environment``, ``config``, ``name``...).
         rank: global rank; default from ``RANK`` / ``RANK_ID`` (MindSpore) env vars, else 0.
         clock: monotonic seconds (injected in tests). ``wall_clock``: epoch seconds.
+        cpu_clock: process CPU seconds (all threads); ``cpu_s`` is its advance between
+            consecutive step ends, so wall time that grows without CPU time growing reads
+            as waiting or contention, not as slower compute. ``None`` disables it.
         sync: device synchronisation function; ``None`` (CPU) never synchronises.
         sync_every: synchronise phase boundaries on every N-th step (N >= 1).
         flush_interval_s: the writer thread flushes at least this often.
@@ -153,6 +161,7 @@ class Recorder:
         rank: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
+        cpu_clock: Callable[[], float] | None = time.process_time,
         sync: Callable[[], None] | None = None,
         sync_every: int = 10,
         flush_interval_s: float = 0.5,
@@ -163,6 +172,8 @@ class Recorder:
         self.rank = _env_rank() if rank is None else int(rank)
         self._clock = clock
         self._wall = wall_clock
+        self._cpu = cpu_clock
+        self._cpu_last = cpu_clock() if cpu_clock is not None else 0.0
         self._sync = sync
         self._sync_every = max(1, int(sync_every))
         self._sync_now = False
@@ -175,7 +186,7 @@ class Recorder:
         # Closed rows are appended here by the training thread and popped by the writer;
         # deque.append/popleft are atomic, so no lock is taken on the hot path.
         self._queue: deque[list[float]] = deque()
-        self._blank = [_NAN] * self._ncols
+        self._blank = [_UNSET] * self._ncols
         self._row = self._blank.copy()
         self._soft_limit = max(16, int(capacity))
         self.dropped = 0  # records lost to I/O errors (see StepFileWriter)
@@ -229,12 +240,12 @@ class Recorder:
         return RunDir.create(path, m)
 
     # -- hot path ----------------------------------------------------------------------
-    def step(self, tokens: float = _NAN, samples: float = _NAN) -> Step:
+    def step(self, tokens: float = _UNSET, samples: float = _UNSET) -> Step:
         """Open a step; use as ``with rec.step(tokens=..., samples=...) as s:``."""
         self.start_step(tokens, samples)
         return self._handle
 
-    def start_step(self, tokens: float = _NAN, samples: float = _NAN) -> None:
+    def start_step(self, tokens: float = _UNSET, samples: float = _UNSET) -> None:
         """Functional form of ``step()`` for hooks; pair with ``end_step()``."""
         if self._open:
             self.end_step()
@@ -258,12 +269,16 @@ class Recorder:
         row[_I_STEP_TIME] = t1 - self._t_start + wait
         if wait:
             v = row[_I_DATA]
-            row[_I_DATA] = wait if v != v else v + wait
+            row[_I_DATA] = wait if v == _UNSET else v + wait
         row[_I_RANK] = self.rank
         row[_I_STEP] = self._next_step
         row[_I_END] = t1 - self._t0
         row[_I_WALL] = self._wall()
         row[_I_SYNCED] = 1.0 if self._sync_now else 0.0
+        if self._cpu is not None:
+            c = self._cpu()
+            row[_I_CPU] = c - self._cpu_last
+            self._cpu_last = c
         self._sync_now = False
         self._open = False
         self._next_step += 1
@@ -296,7 +311,7 @@ class Recorder:
         if col < 0:
             return
         v = self._row[col]
-        self._row[col] = seconds if v != v else v + seconds
+        self._row[col] = seconds if v == _UNSET else v + seconds
 
     def log(self, **values: float) -> None:
         """Attach values (``loss``, ``lr``, ``grad_norm``, ``mem_peak_bytes``, any metric).
@@ -319,9 +334,10 @@ class Recorder:
         rec: dict[str, Any] = {"rank": self.rank, "step": self._next_step - 1}
         for k, v in values.items():
             try:
-                rec[k] = float(v)
+                f = float(v)
             except (TypeError, ValueError):
-                pass
+                continue
+            rec[k] = f if math.isfinite(f) else _encode_nonfinite(f)
         with self._late_lock:
             self._late.append(rec)
 
@@ -372,7 +388,9 @@ class Recorder:
     def open_value(self, name: str) -> float:
         """A column's value in the open step so far (NaN when unset or no step is open)."""
         col = _COL.get(name, self._extra.get(name, -1))
-        return self._row[col] if self._open and col >= 0 else _NAN
+        if not self._open or col < 0 or self._row[col] == _UNSET:
+            return _NAN
+        return float(self._row[col])
 
     # -- writer side -------------------------------------------------------------------
     def _take(self) -> list[dict[str, Any]]:
@@ -389,15 +407,19 @@ class Recorder:
             # record from those few columns only (a step touches ~12 of ~54 slots).
             names = self._names
             arr = _as_float_rows(rows)[:, : len(names)]
-            present = ~np.isnan(arr)
+            present = arr != _UNSET
             cols = np.flatnonzero(present.any(axis=0))
             keys = [names[c] for c in cols]
             sub = arr[:, cols]
-            if present[:, cols].all():
+            pres = present[:, cols]
+            finite = np.isfinite(sub)
+            if pres.all() and finite.all():
                 out = [dict(zip(keys, r, strict=True)) for r in sub.tolist()]
             else:
-                out = [{k: v for k, v in zip(keys, r, strict=True) if v == v}
-                       for r in sub.tolist()]
+                out = [{k: (v if f else _encode_nonfinite(v))
+                        for k, v, p, f in zip(keys, r, ps, fs, strict=True) if p}
+                       for r, ps, fs in zip(sub.tolist(), pres.tolist(), finite.tolist(),
+                                            strict=True)]
             for rec in out:  # identity columns are integers in the file
                 rec["rank"] = int(rec["rank"])
                 rec["step"] = int(rec["step"])
@@ -453,6 +475,11 @@ class Recorder:
             self.close()
         else:
             self.close(status="failed", error=f"{et.__name__}: {e}")
+
+
+def _encode_nonfinite(v: float) -> str:
+    """JSON has no NaN/inf: write them as the strings readers map back (store.py)."""
+    return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
 
 
 def _as_float_rows(rows: list[list[Any]]) -> AnyArray:

@@ -6,7 +6,9 @@
 fixed, after the field report's list) and the environment.
 
 Missing numbers are NaN (floats) so that every column is a plain float64/int64 array and
-analyses never meet ``None`` in a hot path.
+analyses never meet ``None`` in a hot path. A NaN the training itself produced (a NaN loss)
+is kept apart from "not recorded": readers add a flag column ``<column>_nan`` (1.0 where
+the record held an explicit NaN), created only when there is one.
 
 Example::
 
@@ -79,6 +81,7 @@ STEP_COLUMNS: tuple[Column, ...] = (
     Column("mem_peak_bytes", "float64", "peak memory during the step (source in run.json)"),
     Column("mem_alloc_bytes", "float64", "memory in use at step end (source in run.json)"),
     Column("synced", "float64", "1 if phase times were measured with device sync, else 0"),
+    Column("cpu_s", "float64", "process CPU time (all threads) between step ends"),
 )
 STEP_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in STEP_COLUMNS)
 _STEP_DTYPES = {c.name: c.dtype for c in STEP_COLUMNS}

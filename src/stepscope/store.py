@@ -147,6 +147,33 @@ def _parse_jsonl(data: bytes, source: str, stats: ReadStats) -> list[dict[str, A
     return rows
 
 
+# Non-finite values are written as these strings (JSON has no NaN/inf literals).
+_NONFINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def _is_value(v: Any) -> bool:
+    return ((isinstance(v, (int, float)) and not isinstance(v, bool))
+            or (isinstance(v, str) and v in _NONFINITE))
+
+
+def _column(vals: list[Any]) -> tuple[AnyArray, AnyArray | None]:
+    """Float column from record values, and a flag column where an explicit NaN was read."""
+    out = np.empty(len(vals), dtype=np.float64)
+    flags = None
+    for i, v in enumerate(vals):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[i] = v
+        elif isinstance(v, str) and v in _NONFINITE:
+            out[i] = _NONFINITE[v]
+            if v == "NaN":
+                if flags is None:
+                    flags = np.zeros(len(vals), dtype=np.float64)
+                flags[i] = 1.0
+        else:  # None (not recorded) or a value of the wrong type
+            out[i] = np.nan
+    return out, flags
+
+
 def _rows_to_table(rows: list[dict[str, Any]], source: str, stats: ReadStats) -> StepTable:
     names: dict[str, None] = dict.fromkeys(STEP_COLUMN_NAMES)
     good: list[dict[str, Any]] = []
@@ -155,10 +182,8 @@ def _rows_to_table(rows: list[dict[str, Any]], source: str, stats: ReadStats) ->
         if not isinstance(r.get("step"), int) or not isinstance(r.get("rank", 0), int):
             stats.note(f"{source}: record {i + 1} has no integer 'step'/'rank', skipped")
             continue
-        bad = [k for k, v in r.items()
-               if v is not None and not isinstance(v, (int, float)) and k not in names]
-        for k in bad:  # non-numeric user values cannot live in a float column
-            r.pop(k)
+        for k in [k for k, v in r.items() if v is not None and not _is_value(v)]:
+            r.pop(k)  # non-numeric values cannot live in a float column
         key = (r.get("rank", 0), r["step"])
         prev = merged.get(key)
         if prev is None:
@@ -172,8 +197,10 @@ def _rows_to_table(rows: list[dict[str, Any]], source: str, stats: ReadStats) ->
         vals = [r.get(name) for r in good]
         if name in ("rank", "step"):
             cols[name] = np.array([v if v is not None else 0 for v in vals], dtype=np.int64)
-        else:
-            cols[name] = np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
+            continue
+        cols[name], flags = _column(vals)
+        if flags is not None:
+            cols[f"{name}_nan"] = flags
     stats.records += len(good)
     return StepTable(cols)
 
