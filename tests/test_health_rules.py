@@ -358,3 +358,20 @@ def test_non_finite_loss_on_a_skipped_step_is_overflow_not_nan() -> None:
     ovf[[20, 40]] = 1
     found = check_health(_base(loss=loss, overflow=ovf))
     assert [(f.category, f.severity) for f in found] == [("numerics", "info")]
+
+
+def test_recorded_nan_loss_is_read_exactly(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A NaN written by the recorder comes back flagged: certain, at its exact step."""
+    from stepscope import Recorder, RunDir
+    from stepscope.analysis.health import check_health
+
+    rec = Recorder(tmp_path / "run", background=False)
+    for i in range(40):
+        with rec.step(tokens=64, samples=2) as s:
+            s.log(loss=float("nan") if i >= 25 else 3.0 - 0.01 * i, grad_norm=1.0)
+    rec.close()
+    table, _ = RunDir.open(tmp_path / "run").read_steps()
+    found = [f for f in check_health(table) if f.category == "numerics"]
+    assert len(found) == 1
+    assert found[0].steps == (25, 39) and found[0].confidence == 1.0
+    assert found[0].evidence["source"] == "recorded NaN/Inf values"

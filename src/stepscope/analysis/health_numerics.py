@@ -1,9 +1,10 @@
 """Health rules on numerics: non-finite values, overflow skips, loss spikes, gradient norm,
 dynamic loss scale. Pure functions ``rule(ctx) -> list[Finding]``.
 
-The store writes NaN/Inf as missing (JSON has no NaN), so a non-finite loss shows up as a
-gap in a column that is otherwise recorded every step; :func:`nonfinite_index` reads it so
-(and also takes explicit +-Inf values from hand-built tables).
+A NaN the training produced is read exactly: the store writes it as "NaN" and readers add a
+``<column>_nan`` flag column. Integrations that drop non-finite values before logging leave
+a gap instead, in a column otherwise recorded every step; :func:`nonfinite_index` reads
+both (and explicit +-Inf values).
 
 Example::
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schema import AnyArray
+from ..schema import AnyArray, StepTable
 from .findings import Finding
 from .health_config import HealthContext
 from .health_stats import (
@@ -31,14 +32,17 @@ __all__ = ["nonfinite_index", "rule_numerics", "rule_overflow", "rule_loss_spike
            "rule_grad_norm", "rule_loss_scale", "backoff_steps"]
 
 
-def nonfinite_index(values: AnyArray, steps: AnyArray) -> AnyArray:
+def nonfinite_index(values: AnyArray, steps: AnyArray,
+                    nan_flags: AnyArray | None = None) -> AnyArray:
     """Indices of values that are non-finite, or missing inside an every-step series.
 
-    A column counts as recorded every step when consecutive recorded steps are one apart
-    (median gap 1); then every missing value after the first recorded one is taken as
-    NaN/Inf, except a gap made only of the final row (a record lost at exit).
+    Explicit: +-Inf values and rows whose ``nan_flags`` is 1 (a recorded NaN). Inferred: when
+    consecutive recorded steps are one apart (median gap 1), every missing value after the
+    first recorded one, except a gap made only of the final row (a record lost at exit).
     """
     explicit = np.isinf(values)
+    if nan_flags is not None:
+        explicit |= np.nan_to_num(nan_flags, nan=0.0) >= 1
     present = np.isfinite(values)
     if present.sum() < 3 or np.median(np.diff(steps[present])) != 1:
         return np.flatnonzero(explicit)
@@ -48,6 +52,18 @@ def nonfinite_index(values: AnyArray, steps: AnyArray) -> AnyArray:
     if gap.sum() == 1 and gap[-1]:
         gap[-1] = False
     return np.flatnonzero(gap | explicit)
+
+
+def _flags(table: StepTable, rank: int, col: str) -> AnyArray | None:
+    name = f"{col}_nan"
+    return rank_series(table, rank, name)[1] if name in table else None
+
+
+def _explicit(table: StepTable, rank: int, col: str) -> bool:
+    """True when the rank recorded a NaN (flag) or an Inf in ``col``."""
+    flags = _flags(table, rank, col)
+    values = rank_series(table, rank, col)[1]
+    return bool(np.isinf(values).any()) or bool(flags is not None and (flags >= 1).any())
 
 
 def _overflow_at(table_overflow: AnyArray) -> AnyArray:
@@ -63,18 +79,21 @@ def rule_numerics(ctx: HealthContext) -> list[Finding]:
         _, gn = rank_series(t, r, "grad_norm")
         _, ovf = rank_series(t, r, "overflow")
         skipped = _overflow_at(ovf)  # skipped by the loss scaler: the overflow rule's
-        bad_loss = nonfinite_index(loss, steps)
+        bad_loss = nonfinite_index(loss, steps, _flags(t, r, "loss"))
         bad_loss = bad_loss[~skipped[bad_loss]]
-        bad_gn = nonfinite_index(gn, steps)
+        bad_gn = nonfinite_index(gn, steps, _flags(t, r, "grad_norm"))
         bad_gn = bad_gn[~skipped[bad_gn]]
         bad = np.union1d(bad_loss, bad_gn)
         if not bad.size:
             continue
         cols = [c for c, b in (("loss", bad_loss), ("grad_norm", bad_gn)) if b.size]
-        # Loss and grad norm missing together (or an explicit Inf) is NaN/Inf, not a
-        # logging hiccup: higher confidence.
-        both = bool(np.intersect1d(bad_loss, bad_gn).size) or bool(np.isinf(loss).any())
-        hits.append((r, steps[bad], cols, 0.9 if both else 0.6))
+        # A recorded NaN/Inf is certain; loss and grad norm missing together is NaN/Inf,
+        # not a logging hiccup (0.9); a gap in one column alone may be logging (0.6).
+        if _explicit(t, r, "loss") or _explicit(t, r, "grad_norm"):
+            conf = 1.0
+        else:
+            conf = 0.9 if np.intersect1d(bad_loss, bad_gn).size else 0.6
+        hits.append((r, steps[bad], cols, conf))
     if not hits:
         return []
     r, bad_steps, cols, conf = min(hits, key=lambda h: int(h[1][0]))
@@ -86,8 +105,9 @@ def rule_numerics(ctx: HealthContext) -> list[Finding]:
                  f"{r}; {len(bad_steps)} step(s) affected up to step {last}"),
         evidence={"first_nonfinite_step": first, "last_nonfinite_step": last,
                   "nonfinite_steps": len(bad_steps), "columns": cols, "ranks": ranks,
-                  "note": "the store records NaN/Inf as missing; read from gaps in a "
-                          "column recorded every step"},
+                  "source": ("recorded NaN/Inf values" if conf == 1.0 else
+                             "gaps in a column recorded every step (NaN dropped before "
+                             "logging)")},
         steps=(first, last), rank=r, confidence=conf, rule="health.numerics",
         recommendation=(f"Re-run steps {max(0, first - 2)}..{first} from a checkpoint with "
                         "anomaly detection (torch.autograd.set_detect_anomaly / MindSpore "
