@@ -375,3 +375,20 @@ def test_recorded_nan_loss_is_read_exactly(tmp_path) -> None:  # type: ignore[no
     assert len(found) == 1
     assert found[0].steps == (25, 39) and found[0].confidence == 1.0
     assert found[0].evidence["source"] == "recorded NaN/Inf values"
+
+
+def test_stall_rule_does_not_blame_training_for_stepscope_time() -> None:
+    from stepscope.analysis.health import check_health
+    from stepscope.schema import StepTable
+
+    n = 40
+    end = [0.1 * (i + 1) for i in range(n)]
+    end[20:] = [e + 3.0 for e in end[20:]]  # a 3 s gap before step 20
+    base = {"rank": [0] * n, "step": list(range(n)), "step_time_s": [0.1] * n,
+            "end_s": end, "tokens": [64.0] * n, "loss": [2.0] * n}
+    stalled = [f for f in check_health(StepTable.from_columns(base)) if f.category == "stall"]
+    assert stalled and stalled[0].steps == (19, 20)
+    tool = [float("nan")] * n
+    tool[20] = 3.0  # the profiler stopped there: stepscope's own time
+    base["tool_s"] = tool
+    assert not [f for f in check_health(StepTable.from_columns(base)) if f.category == "stall"]

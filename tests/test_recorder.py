@@ -198,3 +198,20 @@ def test_sigkill_loses_at_most_the_last_second(tmp_path: Path) -> None:
     # (one flush interval plus scheduling slack on a loaded machine).
     assert table["wall_time_s"].max() >= float(last[1]) - 1.5
     assert table["step"].tolist() == list(range(len(table)))
+
+
+def test_tool_time_between_steps_is_attributed_not_lost(tmp_path: Path) -> None:
+    """stepscope's own overhead (e.g. a profiler stop) between steps goes to tool_s."""
+    clk = FakeClock()
+    rec = Recorder(tmp_path / "run", clock=clk, background=False)
+    with rec.step():
+        clk.tick(1.0)
+    clk.tick(2.0)
+    rec.add_time("tool", 2.0)
+    with rec.step():
+        clk.tick(1.0)
+    rec.close()
+    table, _ = RunDir.open(tmp_path / "run").read_steps()
+    assert table["step_time_s"].tolist() == [1.0, 3.0]
+    assert math.isnan(table["tool_s"][0]) and table["tool_s"][1] == 2.0
+    assert table["end_s"].tolist() == [1.0, 4.0]

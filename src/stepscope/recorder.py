@@ -73,8 +73,9 @@ _PHASE_COL = {
     "data": _I_DATA, "data_wait": _I_DATA,
     "forward": _COL["forward_s"], "backward": _COL["backward_s"],
     "optimizer": _COL["optimizer_s"], "comm": _COL["comm_s"],
-    "comm_exposed": _COL["comm_exposed_s"],
+    "comm_exposed": _COL["comm_exposed_s"], "tool": _COL["tool_s"],
 }
+_I_TOOL = _COL["tool_s"]
 
 
 def _env_rank() -> int:
@@ -194,6 +195,7 @@ class Recorder:
         self._t_start = 0.0
         self._t0 = clock()
         self._pending_wait = 0.0
+        self._pending_tool = 0.0
         self._next_step = int(start_step)
         self._late: list[dict[str, Any]] = []
         self._late_lock = threading.Lock()
@@ -267,6 +269,12 @@ class Recorder:
         wait = self._pending_wait
         self._pending_wait = 0.0
         row[_I_STEP_TIME] = t1 - self._t_start + wait
+        if self._pending_tool:
+            tool = self._pending_tool
+            self._pending_tool = 0.0
+            row[_I_STEP_TIME] += tool
+            v = row[_I_TOOL]
+            row[_I_TOOL] = tool if v == _UNSET else v + tool
         if wait:
             v = row[_I_DATA]
             row[_I_DATA] = wait if v == _UNSET else v + wait
@@ -298,12 +306,15 @@ class Recorder:
     def add_time(self, phase: str, seconds: float) -> None:
         """Add a measured duration to a phase of the open step (e.g. from a comm hook).
 
-        Outside a step, ``data``/``data_wait`` time counts towards the next step (and its
-        step time, since it happened between steps); other phases are ignored.
+        Outside a step, ``data``/``data_wait`` and ``tool`` (stepscope's own overhead)
+        time counts towards the next step (and its step time, since it happened between
+        steps); other phases are ignored.
         """
         if not self._open:
             if phase in ("data", "data_wait"):
                 self._pending_wait += seconds
+            elif phase == "tool":
+                self._pending_tool += seconds
             return
         col = _PHASE_COL.get(phase)
         if col is None:

@@ -82,6 +82,8 @@ STEP_COLUMNS: tuple[Column, ...] = (
     Column("mem_alloc_bytes", "float64", "memory in use at step end (source in run.json)"),
     Column("synced", "float64", "1 if phase times were measured with device sync, else 0"),
     Column("cpu_s", "float64", "process CPU time (all threads) between step ends"),
+    Column("tool_s", "float64", "time stepscope itself spent in or just before the step "
+           "(profiler start/stop, cross-rank gathers): rules never blame training for it"),
 )
 STEP_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in STEP_COLUMNS)
 _STEP_DTYPES = {c.name: c.dtype for c in STEP_COLUMNS}

@@ -40,6 +40,12 @@ def own_time(t: StepTable) -> tuple[AnyArray, str]:
     return np.full(len(t), np.nan), "not measurable"
 
 
+def _median(x: AnyArray) -> float:
+    """Median of the finite values; NaN (without numpy's all-NaN warning) when none."""
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if x.size else float("nan")
+
+
 def rule_straggler(ctx: HealthContext) -> list[Finding]:
     """A rank consistently slower at its own work than the others (score < 0.8)."""
     cfg = ctx.config
@@ -48,7 +54,7 @@ def rule_straggler(ctx: HealthContext) -> list[Finding]:
     if len(ranks) < 2:
         return []
     own, how = own_time(t)
-    med = {r: float(np.nanmedian(own[t["rank"] == r])) for r in ranks}
+    med = {r: _median(own[t["rank"] == r]) for r in ranks}
     if not all(np.isfinite(v) and v > 0 for v in med.values()):
         return []
     vals = sorted(med.values())
@@ -108,7 +114,7 @@ def _phase_gap(t: StepTable, rank: int) -> str | None:
     for col, v in per.items():
         if col == "comm_exposed_s":
             continue  # the fast ranks' waiting, not the straggler's work
-        gaps[col] = float(np.nanmedian(v[t["rank"] == rank]) - np.nanmedian(v[t["rank"] != rank]))
+        gaps[col] = _median(v[t["rank"] == rank]) - _median(v[t["rank"] != rank])
     col = max(gaps, key=lambda c: gaps[c])
     return col.removesuffix("_s") if gaps[col] > 0 else None
 
@@ -122,15 +128,17 @@ def rule_stall(ctx: HealthContext) -> list[Finding]:
     for r in t.ranks():
         steps, end = rank_series(t, r, "end_s")
         _, st = rank_series(t, r, "step_time_s")
+        _, tool = rank_series(t, r, "tool_s")
         if not np.isfinite(end).any():
             steps, end = rank_series(t, r, "wall_time_s")
         ok = np.isfinite(end)
         if ok.sum() < 3:
             continue
-        steps, end = steps[ok], end[ok]
+        steps, end, tool = steps[ok], end[ok], tool[ok]
         med = float(np.nanmedian(st)) if np.isfinite(st).any() else float(np.median(np.diff(end)))
         limit = max(cfg.stall_factor * med, cfg.stall_min_s)
-        gap = np.diff(end)
+        # stepscope's own time before a step (profiler start/stop, gathers) is not a stall
+        gap = np.diff(end) - np.nan_to_num(tool[1:], nan=0.0)
         i = int(np.argmax(gap))
         if gap[i] >= limit and (worst is None or gap[i] > worst[0]):
             worst = (float(gap[i]), r, int(steps[i]), int(steps[i + 1]), med,

@@ -68,7 +68,9 @@ class StepSession:
     def begin(self, step: int, tokens: float, samples: float, wait_s: float = 0.0) -> None:
         """Open the step (``wait_s``: data wait before it, already given to the recorder)."""
         if self.capture is not None:
-            self.capture.before_step(step)
+            t = self.clock()
+            self.capture.before_step(step)  # may start the profiler: stepscope's own time
+            self.rec.add_time("tool", self.clock() - t)
         self._wait = wait_s
         self.rec.start_step(tokens, samples)
         self._t0 = self.clock()
@@ -86,14 +88,16 @@ class StepSession:
         self.rec.log(**values)
         step_time = self.clock() - self._t0 + self._wait
         self.rec.end_step()
+        t_tool = self.clock()
         if self.capture is not None:
-            self.capture.after_step(step)
+            self.capture.after_step(step)  # may stop the profiler (~1 s on CPU)
         if self.capture is None or not self.capture.active(step):  # profiled: distorted
             comm = 0.0 if math.isnan(comm) else comm
             self.window.add(step_time_s=step_time, data_wait_s=self._wait,
                             compute_s=step_time - self._wait - comm)
         if self.every and (step + 1) % self.every == 0:
             self._gather(step)
+        self.rec.add_time("tool", self.clock() - t_tool)  # goes to the next step
 
     def _gather(self, step: int) -> None:
         assert self.gather is not None
