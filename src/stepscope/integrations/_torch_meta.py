@@ -215,9 +215,11 @@ def maybe_cross_rank(st: Any) -> None:
 def _cross_rank(st: Any) -> None:
     torch = st.torch
     st.flush(block=True)
-    comm = getattr(st, "last_comm", None)
-    launch = comm.bucket_launch_wall if comm is not None else []
-    done = comm.bucket_done_wall if comm is not None else []
+    comm = st.last_comm
+    # Bucket wall marks are host readings; on CUDA they are launch/callback times, not
+    # device times, so the wait/transfer split is not attempted there.
+    launch = comm.bucket_launch_wall if comm is not None and not st.cuda else []
+    done = comm.bucket_done_wall if comm is not None and not st.cuda else []
     step = st.step_index - 1
     event = st.cross.gather(torch, st.comm, step, launch, done)
     if st.rank == 0:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import threading
 import time
 import warnings
@@ -117,6 +116,7 @@ class AutoState:
         self.closed = False
         self.lock = threading.Lock()
         self.comm = ddp.CommTimer(clock=clock, wall=time.time)
+        self.comm.phase = self._phase_now
         self.cross: ddp.CrossRank | None = None
         self.cross_done = -1
         self.profiler: Any = None
@@ -124,6 +124,11 @@ class AutoState:
         self.first_micro = 0
         self.saw_loader = False
         self.last_comm: ddp.CommStep | None = None
+
+    def _phase_now(self) -> str:
+        if self.in_backward:
+            return "backward"
+        return "forward" if self.depth > 0 else "other"
 
     # -- robustness --------------------------------------------------------------------
     def failed(self, where: str, exc: BaseException) -> None:
@@ -314,7 +319,10 @@ class AutoState:
         if not math.isnan(s.samples_per_step):
             samples = s.samples_per_step
         comm = ddp.summarize_comm(d.comm, d.compute_end)
-        exposed = 0.0 if math.isnan(comm.exposed_s) else comm.exposed_s
+        exp = comm.exposed_by_phase
+        # Blocking communication inside a phase is comm_exposed_s, not that phase.
+        forward = max(0.0, d.forward - exp.get("forward", 0.0))
+        backward = max(0.0, d.backward - exp.get("backward", 0.0))
         values = self._values(d, comm)
         self.pin.pin(d.t_start)
         self.pin_wall.pin(d.wall_end)
@@ -322,8 +330,8 @@ class AutoState:
             rec.start_step(tokens=tokens or _NAN, samples=samples or _NAN)
             if self.saw_loader:  # without a DataLoader the wait is unknown, not zero
                 rec.add_time("data_wait", d.data_wait)
-            rec.add_time("forward", d.forward)
-            rec.add_time("backward", max(0.0, d.backward - exposed))
+            rec.add_time("forward", forward)
+            rec.add_time("backward", backward)
             rec.add_time("optimizer", d.optimizer)
             rec.log(**values)
             self.pin.pin(d.t_end)
@@ -332,7 +340,7 @@ class AutoState:
             self.pin.pin(None)
             self.pin_wall.pin(None)
         if self.cross is not None:
-            self.cross.add(_cross_row(d, comm, exposed))
+            self.cross.add(_cross_row(d, comm, forward, backward))
         self.last_comm = comm
 
     def _values(self, d: StepData, comm: ddp.CommStep) -> dict[str, float]:
@@ -408,16 +416,12 @@ def _shape_of(obj: Any, torch: Any) -> Any:
     return type(obj).__name__
 
 
-def _cross_row(d: StepData, comm: ddp.CommStep, exposed: float) -> dict[str, float]:
-    total = _NAN if math.isnan(comm.total_s) else comm.total_s
+def _cross_row(d: StepData, comm: ddp.CommStep, forward: float, backward: float
+               ) -> dict[str, float]:
+    exposed = _NAN if math.isnan(comm.exposed_s) else comm.exposed_s
     return {
         "step_time_s": d.t_end - d.t_start, "data_wait_s": d.data_wait,
-        "forward_s": d.forward, "backward_s": max(0.0, d.backward - exposed),
-        "optimizer_s": d.optimizer, "comm_s": total, "comm_exposed_s": exposed,
-        "compute_s": d.forward + max(0.0, d.backward - exposed) + d.optimizer,
+        "forward_s": forward, "backward_s": backward, "optimizer_s": d.optimizer,
+        "comm_s": comm.total_s, "comm_exposed_s": exposed,
+        "compute_s": forward + backward + d.optimizer,
     }
-
-
-def median_or_nan(values: list[float]) -> float:
-    good = [v for v in values if not math.isnan(v)]
-    return statistics.median(good) if good else _NAN

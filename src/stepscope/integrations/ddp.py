@@ -139,6 +139,9 @@ class CommStep:
     overlapped_buckets: int = 0
     bucket_launch_wall: list[float] = field(default_factory=list)
     bucket_done_wall: list[float] = field(default_factory=list)
+    # Blocking time by the phase it interrupted ("forward", "backward", "other"): the
+    # caller takes it out of that phase so that phases and comm_exposed_s do not overlap.
+    exposed_by_phase: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -150,6 +153,7 @@ class _Interval:
     start_wall: float = math.nan
     end_wall: float = math.nan
     blocking: bool = False
+    phase: str = "other"
 
 
 class CommTimer:
@@ -168,6 +172,7 @@ class CommTimer:
         self._items: list[_Interval] = []
         self.bypass = False  # set while stepscope runs its own collectives
         self.compute_end: Any = None  # mark of the last bucket launch (end of backward)
+        self.phase: Callable[[], str] = lambda: "other"  # which phase is running now
 
     def mark(self) -> Any:
         if self.cuda:
@@ -180,7 +185,7 @@ class CommTimer:
 
     def begin(self, kind: str, bucket: int = -1, blocking: bool = False) -> _Interval:
         item = _Interval(kind, self.mark(), bucket=bucket, start_wall=self.wall(),
-                         blocking=blocking)
+                         blocking=blocking, phase=self.phase())
         if bucket >= 0:
             self.compute_end = item.start
         with self._lock:
@@ -213,20 +218,25 @@ def summarize_comm(items: Sequence[_Interval], compute_end: Any) -> CommStep:
     by_kind: dict[str, float] = {}
     for it, (s, e) in zip(done, spans, strict=False):
         by_kind[it.kind] = by_kind.get(it.kind, 0.0) + max(0.0, e - s)
-    buckets = [(it, sp) for it, sp in zip(done, spans, strict=False) if it.bucket >= 0]
-    exposed = sum(e - s for it, (s, e) in zip(done, spans, strict=False) if it.blocking)
+    buckets = [(it, sp) for it, sp in zip(done, spans, strict=True) if it.bucket >= 0]
+    by_phase: dict[str, float] = {}
+    for it, (s, e) in zip(done, spans, strict=True):
+        if it.blocking:
+            by_phase[it.phase] = by_phase.get(it.phase, 0.0) + max(0.0, e - s)
     overlapped = 0
-    if buckets:
+    if buckets:  # DDP: bucket all-reduces finish inside loss.backward()
         c_end = _seconds(compute_end, ref) if compute_end is not None else \
             max(sp[0] for _, sp in buckets)
-        exposed += exposed_after([sp for _, sp in buckets], c_end)
+        tail = exposed_after([sp for _, sp in buckets], c_end)
+        by_phase["backward"] = by_phase.get("backward", 0.0) + tail
         overlapped = sum(1 for _, (s, e) in buckets if e <= c_end)
+    exposed = sum(by_phase.values())
     ordered = sorted(buckets, key=lambda b: b[0].start_wall)[:MAX_BUCKETS]
     return CommStep(
         total_s=union_s(spans), exposed_s=exposed, by_kind_s=by_kind,
         buckets=len(buckets), overlapped_buckets=overlapped,
         bucket_launch_wall=[b[0].start_wall for b in ordered],
-        bucket_done_wall=[b[0].end_wall for b in ordered],
+        bucket_done_wall=[b[0].end_wall for b in ordered], exposed_by_phase=by_phase,
     )
 
 
