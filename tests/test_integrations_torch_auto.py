@@ -6,7 +6,9 @@ the run directory against what the script itself printed.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,6 +152,13 @@ def test_profile_steps_archives_a_trace(tmp_path):
     assert "ProfilerStep#4" not in text and "ProfilerStep#1" not in text
     table, _ = RunDir(out).read_steps()
     assert len(table) == 6
+    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert outcome["profile_analysis"]["status"] == "analyzed", outcome["profile_analysis"]
+    report = outcome["profile_analysis"]["report"]
+    assert report == json.loads(Path(outcome["profile_analysis"]["analysis_file"]).read_text(
+    ))["report"]
+    events, _ = RunDir(out).read_events(type="profile")
+    assert events[0]["status"] == "analyzed" and events[0]["steps"] == "2:4"
 
 
 def test_bad_profile_steps_is_a_one_line_error(tmp_path):
@@ -234,3 +243,44 @@ def test_replay_cycles_first_batches_and_ends_epoch():
         while True:
             got.append(rp.next(it, orig))
     assert got == ["a", "b", "a", "b", "a"]
+
+
+def test_hook_failure_never_reaches_training_and_sitecustomize_chains(tmp_path):
+    # A site's own sitecustomize must still run after stepscope's.
+    site = tmp_path / "site"
+    site.mkdir()
+    marker = tmp_path / "site-ran"
+    (site / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('yes')\n")
+    # A model whose parameters() raises: stepscope's forward hook fails on it; the
+    # script, which never calls parameters() itself, must train to the end regardless.
+    script = tmp_path / "weird.py"
+    script.write_text(
+        "import torch\n"
+        "class Weird(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.w = torch.nn.Parameter(torch.ones(3))\n"
+        "    def parameters(self, recurse=True):\n"
+        "        raise RuntimeError('no parameters for you')\n"
+        "    def forward(self, x):\n"
+        "        return (self.w * x).sum()\n"
+        "m = Weird()\n"
+        "opt = torch.optim.SGD([m.w], lr=0.1)\n"
+        "for i in range(4):\n"
+        "    m(torch.ones(3)).backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "print('DONE', round(float(m.w[0]), 4))\n")
+    out = tmp_path / "weird"
+    import os
+    import sys
+    proc = stepscope_run(out, sys.executable, str(script),
+                         env={"PYTHONPATH": str(site) + os.pathsep
+                              + os.environ.get("PYTHONPATH", "")})
+    assert proc.returncode == 0, proc.stderr
+    assert "DONE 0.6" in proc.stdout  # 1 - 4 x 0.1: all four updates happened
+    assert marker.read_text() == "yes"
+    assert proc.stderr.count("stepscope: forward pre-hook failed") == 1  # warned once
+    table, _ = RunDir(out).read_steps()
+    assert table["step"].tolist() == [0, 1, 2, 3]
+    assert RunDir(out).read_meta().config["hook_failures"] == 4

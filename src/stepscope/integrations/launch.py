@@ -113,7 +113,12 @@ def launch(command: Sequence[str], out: str | os.PathLike[str] | None = None, *,
     finally:
         shutil.rmtree(boot, ignore_errors=True)
     status, error = _finish(run, rc)
-    analysis = analyze_profiles(prof_dir) if prof_dir is not None else {}
+    analysis: dict[str, Any] = {}
+    if prof_dir is not None:
+        analysis = analyze_profiles(prof_dir)
+        run.append_event({"type": "profile", "dir": str(prof_dir.relative_to(run.path)),
+                          "steps": profile_steps, "status": analysis.get("status"),
+                          "analysis_file": analysis.get("analysis_file")})
     return LaunchOutcome(run.path, rc, status, error, prof_dir, analysis)
 
 
@@ -171,49 +176,36 @@ def _finish(run: RunDir, rc: int) -> tuple[str, str | None]:
 
 
 def analyze_profiles(prof_dir: Path) -> dict[str, Any]:
-    """Run the trace analysis on captured traces if the trace reader is installed.
+    """Run the trace analysis on the captured per-rank traces, when it is available.
 
-    Without it (or on a reader error) the traces are simply archived; the returned dict
-    says which.
+    The result is written beside the capture (``profiles/<stamp>.analysis.json``, outside
+    the capture directory so that trace readers never see it) and returned. Without the
+    trace reader, or on a reader error, the traces are simply archived; the dict says so.
     """
-    files = sorted(p for p in prof_dir.glob("*.json") if p.name != "analysis.json")
+    files = sorted(p.name for p in prof_dir.glob("*.json"))
     if not files:
         return {"status": "no traces captured (did the run reach the profiled steps?)"}
     try:
         from ..analysis.breakdown import analyze
         from ..traces import read_trace
     except ImportError:
-        return {"status": "archived (trace analysis not available)",
-                "files": [f.name for f in files]}
-    out: dict[str, Any] = {"status": "analyzed", "files": [f.name for f in files],
-                           "ranks": {}}
-    for f in files:
-        try:
-            result = analyze(read_trace(f))
-            out["ranks"][f.name] = _plain(result)
-        except Exception as exc:
-            out["ranks"][f.name] = {"error": f"{type(exc).__name__}: {exc}"}
+        return {"status": "archived (trace analysis not available)", "files": files}
+    out: dict[str, Any] = {"files": files}
+    try:
+        out["report"] = analyze(read_trace(prof_dir)).to_dict()
+        out["status"] = "analyzed"
+    except Exception as exc:  # archive anyway; say why the analysis failed
+        out["status"] = f"archived (analysis failed: {type(exc).__name__}: {exc})"
     try:
         import orjson
 
-        (prof_dir / "analysis.json").write_bytes(
-            orjson.dumps(out, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY,
-                         default=str))
+        dest = prof_dir.with_name(prof_dir.name + ".analysis.json")
+        dest.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2
+                                      | orjson.OPT_SERIALIZE_NUMPY, default=str))
+        out["analysis_file"] = str(dest)
     except OSError as exc:
         out["write_error"] = str(exc)
     return out
-
-
-def _plain(obj: Any) -> Any:
-    for attr in ("to_dict", "as_dict"):
-        fn = getattr(obj, attr, None)
-        if callable(fn):
-            return fn()
-    if hasattr(obj, "__dataclass_fields__"):
-        import dataclasses
-
-        return dataclasses.asdict(obj)
-    return obj
 
 
 def python_executable() -> str:
