@@ -129,6 +129,7 @@ def _autograd_hooks(st: AutoState) -> None:
             tensor = first_tensor(args, kwargs)
             try:
                 st.activity()
+                st.dev_begin("backward")
             except Exception as exc:
                 st.failed("backward hook", exc)
             st.in_backward = True

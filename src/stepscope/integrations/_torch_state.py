@@ -14,7 +14,6 @@ host synchronisation is added to any step.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 import warnings
@@ -24,6 +23,15 @@ from typing import Any
 
 from ..recorder import Recorder
 from . import ddp
+from ._torch_values import (
+    cross_row,
+    device_phases,
+    env_rank,
+    grad_norm_tensor,
+    scalar,
+    scale_of,
+    shape_of,
+)
 
 _NAN = math.nan
 
@@ -71,15 +79,9 @@ class StepData:
     comm: list[Any] = field(default_factory=list)
     compute_end: Any = None
     extra: dict[str, float] = field(default_factory=dict)
-
-
-def _scalar(value: Any) -> float:
-    if value is None:
-        return _NAN
-    try:
-        return float(value)
-    except Exception:
-        return _NAN
+    # CUDA only: (phase, start event, end event) and an event at the step's end.
+    dev: list[tuple[str, Any, Any]] = field(default_factory=list)
+    done_event: Any = None
 
 
 class AutoState:
@@ -99,6 +101,7 @@ class AutoState:
         self.depth = 0
         self.stack: list[bool] = []
         self.t_fwd0 = 0.0
+        self.dev_open: dict[str, Any] = {}
         self.in_backward = False
         self.primary: Any = None  # weakref to the optimizer whose steps are boundaries
         self.t_opt0 = 0.0
@@ -120,7 +123,7 @@ class AutoState:
         self.cross: ddp.CrossRank | None = None
         self.cross_done = -1
         self.profiler: Any = None
-        self.rank = _env_rank()
+        self.rank = env_rank()
         self.first_micro = 0
         self.saw_loader = False
         self.last_comm: ddp.CommStep | None = None
@@ -176,7 +179,7 @@ class AutoState:
             self._note_batch(batch, tokens, samples)
 
     def _note_batch(self, batch: Any, tokens: float, samples: float) -> None:
-        self.baseline["batch_shape"] = _shape_of(batch, self.torch)
+        self.baseline["batch_shape"] = shape_of(batch, self.torch)
         if not math.isnan(samples):
             self.baseline.setdefault("micro_batch", int(samples))
         if not math.isnan(tokens) and samples:
@@ -186,6 +189,7 @@ class AutoState:
         """The outermost module call of a forward pass starts (autograd enabled)."""
         self.activity()
         self.t_fwd0 = self.clock()
+        self.dev_begin("forward")
         key = id(module)
         has_params = self.param_cache.get(key)
         if has_params is None:
@@ -201,12 +205,29 @@ class AutoState:
                 self.cur.fwd_tokens += tokens
                 self.cur.fwd_samples += samples
                 if "model_input_shape" not in self.baseline:
-                    self.baseline["model_input_shape"] = _shape_of(args, self.torch)
+                    self.baseline["model_input_shape"] = shape_of(args, self.torch)
                     self.baseline["micro_batch"] = int(samples)
                     self.baseline["seq_len"] = int(tokens // samples)
 
     def on_forward_root_end(self) -> None:
         self.cur.forward += self.clock() - self.t_fwd0
+        self.dev_end("forward")
+
+    # -- device-time marks (CUDA events; nothing on CPU) --------------------------------
+    def dev_begin(self, phase: str) -> None:
+        """Mark a phase start on the current CUDA stream (no host synchronisation)."""
+        if self.cuda:
+            self.dev_open[phase] = self._event()
+
+    def dev_end(self, phase: str) -> None:
+        start = self.dev_open.pop(phase, None) if self.cuda else None
+        if start is not None:
+            self.cur.dev.append((phase, start, self._event()))
+
+    def _event(self) -> Any:
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
 
     def _first_model(self, module: Any) -> None:
         from . import _torch_meta
@@ -217,6 +238,7 @@ class AutoState:
         d = self.cur
         d.backward += seconds
         d.micro += 1
+        self.dev_end("backward")
         try:
             if tensor is not None and tensor.numel() == 1:
                 src = self.scaled.get(id(tensor))
@@ -240,21 +262,23 @@ class AutoState:
         d = self.cur
         groups = opt.param_groups
         if groups:
-            d.lr = _scalar(groups[0].get("lr"))
+            d.lr = scalar(groups[0].get("lr"))
         if self.clip_norm is not None:
             d.grad_norm = self.clip_norm
         elif self.settings.grad_norm_every and \
                 self.step_index % self.settings.grad_norm_every == 0:
-            d.grad_norm = _grad_norm_tensor(self.torch, groups)
+            d.grad_norm = grad_norm_tensor(self.torch, groups)
         if self.cross is not None:
             from . import _torch_meta
 
             _torch_meta.maybe_cross_rank(self)
+        self.dev_begin("optimizer")
         self.t_opt0 = self.clock()
         return True
 
     def on_optimizer_post(self, seconds: float) -> None:
         self.cur.optimizer += seconds
+        self.dev_end("optimizer")
         self.boundary()
 
     def boundary(self, overflow: bool = False) -> None:
@@ -267,13 +291,15 @@ class AutoState:
         d.wall_end = time.time()
         d.overflow = 1.0 if overflow else 0.0
         if self.scaler is not None:
-            d.loss_scale = _scale_of(self.scaler)
+            d.loss_scale = scale_of(self.scaler)
         if self.mem_probe is not None:
             d.mem = self.mem_probe()
         d.comm = self.comm.take()
         if d.compute_end is None:
             d.compute_end = self.comm.compute_end
         self.comm.compute_end = None
+        if self.cuda:
+            d.done_event = self._event()
         if self.step_index == 0:
             self.first_micro = d.micro
         self.pending.append(d)
@@ -292,11 +318,11 @@ class AutoState:
         """Emit queued steps whose device values are ready (all of them when ``block``)."""
         while self.pending:
             d = self.pending[0]
-            ready = not self.cuda or block or len(self.pending) > 2 or ddp.is_complete(d.comm)
-            if not ready:
-                return
-            if self.cuda and not ddp.is_complete(d.comm):
-                self.torch.cuda.synchronize()
+            ev = d.done_event
+            if ev is not None and not ev.query():
+                if not block and len(self.pending) <= 2:
+                    return  # the device is still on it: read it at a later boundary
+                ev.synchronize()  # at most two steps behind, or the run is ending
             self.pending.pop(0)
             try:
                 self._emit(d)
@@ -320,6 +346,11 @@ class AutoState:
             samples = s.samples_per_step
         comm = ddp.summarize_comm(d.comm, d.compute_end)
         exp = comm.exposed_by_phase
+        if d.dev:  # CUDA: device time between the phase marks replaces host time
+            dev = device_phases(d.dev)
+            d.forward = dev.get("forward", d.forward)
+            d.backward = dev.get("backward", d.backward)
+            d.optimizer = dev.get("optimizer", d.optimizer)
         # Blocking communication inside a phase is comm_exposed_s, not that phase.
         forward = max(0.0, d.forward - exp.get("forward", 0.0))
         backward = max(0.0, d.backward - exp.get("backward", 0.0))
@@ -340,14 +371,14 @@ class AutoState:
             self.pin.pin(None)
             self.pin_wall.pin(None)
         if self.cross is not None:
-            self.cross.add(_cross_row(d, comm, forward, backward))
+            self.cross.add(cross_row(d, comm, forward, backward))
         self.last_comm = comm
 
     def _values(self, d: StepData, comm: ddp.CommStep) -> dict[str, float]:
-        loss = sum(_scalar(x) for x in d.losses) if d.losses else _NAN
+        loss = sum(scalar(x) for x in d.losses) if d.losses else _NAN
         values: dict[str, float] = {
-            "loss": loss, "lr": d.lr, "grad_norm": _scalar(d.grad_norm),
-            "loss_scale": _scalar(d.loss_scale), "overflow": d.overflow,
+            "loss": loss, "lr": d.lr, "grad_norm": scalar(d.grad_norm),
+            "loss_scale": scalar(d.loss_scale), "overflow": d.overflow,
             "mem_peak_bytes": d.mem[0], "mem_alloc_bytes": d.mem[1],
             "micro_batches": float(d.micro),
         }
@@ -377,51 +408,3 @@ class AutoState:
             return
         _torch_meta.write_summary(self, status, error)
         rec.close(status=status, error=error)
-
-
-def _env_rank() -> int:
-    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
-        v = os.environ.get(var, "").strip()
-        if v.isdigit():
-            return int(v)
-    return 0
-
-
-def _grad_norm_tensor(torch: Any, groups: Any) -> Any:
-    """Global L2 norm of all gradients as a 0-d tensor (no host sync; read later)."""
-    grads = [p.grad for g in groups for p in g["params"] if p.grad is not None]
-    if not grads:
-        return None
-    norms = torch._foreach_norm(grads, 2.0)
-    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)
-
-
-def _scale_of(scaler: Any) -> Any:
-    try:
-        if not scaler.is_enabled():
-            return None
-        scale = getattr(scaler, "_scale", None)  # device tensor: read later, no sync now
-        return scale.detach().clone() if scale is not None else scaler.get_scale()
-    except Exception:
-        return None
-
-
-def _shape_of(obj: Any, torch: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return list(obj.shape)
-    if isinstance(obj, dict):
-        return {str(k): _shape_of(v, torch) for k, v in list(obj.items())[:8]}
-    if isinstance(obj, (list, tuple)):
-        return [_shape_of(v, torch) for v in list(obj)[:8]]
-    return type(obj).__name__
-
-
-def _cross_row(d: StepData, comm: ddp.CommStep, forward: float, backward: float
-               ) -> dict[str, float]:
-    exposed = _NAN if math.isnan(comm.exposed_s) else comm.exposed_s
-    return {
-        "step_time_s": d.t_end - d.t_start, "data_wait_s": d.data_wait,
-        "forward_s": forward, "backward_s": backward, "optimizer_s": d.optimizer,
-        "comm_s": comm.total_s, "comm_exposed_s": exposed,
-        "compute_s": forward + backward + d.optimizer,
-    }
