@@ -157,3 +157,19 @@ def test_torchrun_fsdp2_collectives_timed(tmp_path):
         + table["comm_exposed_s"]
     assert (phases <= table["step_time_s"] * 1.0001).all()
     assert RunDir(out).read_meta().baseline["parallel_strategy"] == "fsdp"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
+def test_rank_crash_names_the_first_failure(tmp_path):
+    out = tmp_path / "crash"
+    proc = stepscope_run(out, *_torchrun("--steps", "8", "--crash-rank", "1",
+                                         "--crash-step", "3"), timeout=180)
+    assert proc.returncode != 0
+    table, _ = RunDir(out).read_steps()
+    for rank in (0, 1):  # each rank's records up to the crash are kept
+        assert table.rank(rank)["step"].tolist() == [0, 1, 2]
+    meta = RunDir(out).read_meta()
+    assert meta.status == "failed"
+    # rank 0 failed second (its peer went away); run.json names rank 1's exception
+    assert meta.error.startswith("ValueError: bad sample on rank 1 (rank 1, step 3)")

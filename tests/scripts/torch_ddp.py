@@ -17,6 +17,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=10)
 p.add_argument("--batch", type=int, default=16)
 p.add_argument("--seq", type=int, default=64)
+p.add_argument("--crash-rank", type=int, default=-1, help="rank that raises ...")
+p.add_argument("--crash-step", type=int, default=-1, help="... at the start of this step")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -31,6 +33,8 @@ model = DDP(nn.Sequential(nn.Embedding(vocab, d), nn.Linear(d, 4 * d), nn.GELU()
                           nn.Linear(4 * d, d), nn.Linear(d, vocab)), bucket_cap_mb=0.25)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 for step, (batch,) in enumerate(loader):
+    if rank == args.crash_rank and step == args.crash_step:
+        raise ValueError(f"bad sample on rank {rank}")
     logits = model(batch[:, :-1])
     loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
     loss.backward()

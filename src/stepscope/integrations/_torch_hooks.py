@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
+import signal
 import sys
+import threading
 from typing import Any
 
 from . import _torch_meta, ddp
@@ -278,6 +281,29 @@ def _maybe_ddp(st: AutoState, module: Any) -> None:
         return
     module._stepscope_hooked = True
     module.register_comm_hook(None, None)  # -> wrapper above with the default all-reduce
+
+
+def on_sigterm(st: AutoState) -> None:
+    """Close the records (status failed) on SIGTERM, then die of it as before.
+
+    torchrun ends the surviving workers with SIGTERM when one fails; without this their
+    last half second of records (the writer's flush interval) would be lost. Installed
+    only over the default handler, and only from the main thread (a script's own SIGTERM
+    handling is left alone).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            st.close("failed", "terminated by SIGTERM")
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _exit_hooks(st: AutoState) -> None:

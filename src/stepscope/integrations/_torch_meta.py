@@ -284,9 +284,10 @@ def write_summary(st: Any, status: str, error: str | None) -> None:
     """At exit: what was seen, what was missing (as findings), crash events per rank."""
     run = st.rec.run
     missing = _missing(st)
+    if status == "failed":  # every rank: `stepscope run` names the first to fail
+        run.append_event({"type": "crash", "rank": st.rank, "error": error,
+                          "wall_time_s": time.time(), "step": st.step_index})
     if st.rank != 0:
-        if status == "failed":
-            run.append_event({"type": "crash", "rank": st.rank, "error": error})
         return
     for f in missing:
         run.append_event({"type": "finding", **f.to_dict()})

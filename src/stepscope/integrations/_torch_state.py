@@ -160,6 +160,9 @@ class AutoState:
             meta["name"] = self.settings.name
         self.rec = Recorder(self.settings.run_dir, meta=meta, rank=self.rank,
                             clock=self.pin, wall_clock=self.pin_wall)
+        from . import _torch_hooks
+
+        _torch_hooks.on_sigterm(self)
 
     def on_batch(self, batch: Any, seconds: float) -> None:
         from .torch import batch_counts

@@ -161,18 +161,38 @@ def _finish(run: RunDir, rc: int) -> tuple[str, str | None]:
         if meta.status == "running":  # no instrumented rank closed (e.g. no steps at all)
             meta = run.update_meta(status="finished")
         return meta.status, meta.error
-    if meta.status == "failed" and meta.error:
-        return meta.status, meta.error
-    crashes, _ = run.read_events(type="crash")
-    if crashes:
-        first = crashes[0]
-        error = f"{first.get('error')} (rank {first.get('rank')})"
+    rank, first = _first_crash(run)
+    if meta.status == "failed" and meta.error and rank in (None, 0):
+        return meta.status, meta.error  # rank 0's own exception, already in run.json
+    if first is not None:
+        error = first
     elif rc < 0:
         error = f"killed by signal {signal.Signals(-rc).name}"
     else:
         error = f"exit code {rc}"
     run.update_meta(status="failed", error=error)
     return "failed", error
+
+
+def _first_crash(run: RunDir) -> tuple[int | None, str | None]:
+    """(rank, description) of the earliest rank failure in events.jsonl, or (None, None).
+
+    When one rank raises, the others fail after it (a peer closed the connection,
+    torchrun's SIGTERM): the earliest is the cause, and run.json should name it.
+    """
+    crashes, _ = run.read_events(type="crash")
+    if not crashes:
+        return None, None
+    crashes.sort(key=lambda c: c.get("wall_time_s") or float("inf"))
+    first = crashes[0]
+    text = f"{first.get('error')} (rank {first.get('rank')}, step {first.get('step')})"
+    others = sorted({c.get("rank") for c in crashes[1:]} - {first.get("rank")},
+                    key=lambda r: -1 if r is None else int(r))
+    if others:
+        text += f"; then rank{'s' if len(others) > 1 else ''} " \
+            f"{', '.join(map(str, others))} stopped"
+    rank = first.get("rank")
+    return (int(rank) if isinstance(rank, int) else None), text
 
 
 def analyze_profiles(prof_dir: Path) -> dict[str, Any]:
