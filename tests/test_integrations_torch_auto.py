@@ -284,3 +284,15 @@ def test_hook_failure_never_reaches_training_and_sitecustomize_chains(tmp_path):
     table, _ = RunDir(out).read_steps()
     assert table["step"].tolist() == [0, 1, 2, 3]
     assert RunDir(out).read_meta().config["hook_failures"] == 4
+
+
+def test_torch_compile_model_is_measured(tmp_path):
+    out = tmp_path / "compiled"
+    proc = stepscope_run(out, *python_script("torch_compiled.py"))
+    assert proc.returncode == 0, proc.stderr
+    table, _ = RunDir(out).read_steps()
+    assert table["step"].tolist() == [0, 1, 2, 3, 4]
+    assert table["tokens"].tolist() == [32.0] * 5
+    printed = [float(line.split("loss=")[1]) for line in proc.stdout.splitlines()]
+    assert np.allclose(table["loss"], printed, atol=1e-6)
+    assert RunDir(out).read_meta().config["hook_failures"] == 0

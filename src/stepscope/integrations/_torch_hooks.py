@@ -91,9 +91,16 @@ def _module_hooks(st: AutoState) -> None:
     )
 
     grad_enabled = torch.is_grad_enabled
+    compiling = torch.compiler.is_compiling
     stack = st.stack
 
+    # Under torch.compile, Dynamo traces the module calls inside a compiled region
+    # together with global hooks; is_compiling() is True while it traces, so stepscope's
+    # Python stays out of the traced code and only the outermost, uncompiled call (the
+    # OptimizedModule) is timed.
     def pre(module: Any, args: Any) -> None:
+        if compiling():
+            return
         counted = not st.in_backward and grad_enabled()
         stack.append(counted)
         if counted:
@@ -106,7 +113,7 @@ def _module_hooks(st: AutoState) -> None:
             st.depth += 1
 
     def post(module: Any, args: Any, output: Any) -> None:
-        if not stack or not stack.pop():
+        if compiling() or not stack or not stack.pop():
             return
         st.depth -= 1
         if st.depth == 0:
