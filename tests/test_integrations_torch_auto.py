@@ -296,3 +296,25 @@ def test_torch_compile_model_is_measured(tmp_path):
     printed = [float(line.split("loss=")[1]) for line in proc.stdout.splitlines()]
     assert np.allclose(table["loss"], printed, atol=1e-6)
     assert RunDir(out).read_meta().config["hook_failures"] == 0
+
+
+def test_nan_loss_is_recorded_as_nan_not_as_missing(tmp_path):
+    script = tmp_path / "nan_loss.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.0)\n"
+        "for i in range(4):\n"
+        "    loss = m(torch.ones(1, 2)).sum() * (float('nan') if i == 2 else 1.0)\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n")
+    out = tmp_path / "nan"
+    import sys
+    proc = stepscope_run(out, sys.executable, str(script))
+    assert proc.returncode == 0, proc.stderr
+    table, _ = RunDir(out).read_steps()
+    # step 2's NaN gradients turn the weights NaN (0 x NaN = NaN), so step 3 is NaN too
+    assert np.isfinite(table["loss"][:2]).all() and np.isnan(table["loss"][2:]).all()
+    assert table["loss_nan"].tolist() == [0.0, 0.0, 1.0, 1.0]  # the training's own NaN
+    assert np.isnan(table["grad_norm"][2])

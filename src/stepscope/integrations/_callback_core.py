@@ -127,17 +127,18 @@ class PhaseClock:
     def optimizer_end(self) -> None:
         self._phase("optimizer")
 
-    def step_end(self, loss_reduce: str = "sum", **values: float) -> None:
+    def step_end(self, loss_reduce: str = "sum", **values: float | None) -> None:
+        """Close the step; ``None`` values were not seen (a NaN is the training's own)."""
         if not self.in_step:
             return
         peak, alloc = self.probe()
-        loss = _NAN
+        logged: dict[str, float | None] = {
+            "tokens": self.tokens or None, "samples": self.samples or None,
+            "mem_peak_bytes": peak, "mem_alloc_bytes": alloc, **values}
         if self.losses:
-            loss = sum(self.losses) if loss_reduce == "sum" else \
+            logged["loss"] = sum(self.losses) if loss_reduce == "sum" else \
                 sum(self.losses) / len(self.losses)
-        logged = {"tokens": self.tokens or _NAN, "samples": self.samples or _NAN,
-                  "loss": loss, "mem_peak_bytes": peak, "mem_alloc_bytes": alloc, **values}
-        self.rec.log(**{k: v for k, v in logged.items() if not math.isnan(v)})
+        self.rec.log(**{k: v for k, v in logged.items() if v is not None})
         self.rec.end_step()
         self.in_step = False
         self.t_last = time.perf_counter()

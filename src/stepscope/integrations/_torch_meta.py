@@ -206,10 +206,12 @@ def maybe_cross_rank(st: Any) -> None:
     if st.cross is None or n == 0 or n % st.settings.cross_rank_every or n == st.cross_done:
         return
     st.cross_done = n
+    t0 = st.clock()
     try:
         _cross_rank(st)
     except Exception as exc:
         st.failed("cross-rank gather", exc)
+    st.cur.tool += st.clock() - t0
 
 
 def _cross_rank(st: Any) -> None:

@@ -82,6 +82,7 @@ class StepData:
     # CUDA only: (phase, start event, end event) and an event at the step's end.
     dev: list[tuple[str, Any, Any]] = field(default_factory=list)
     done_event: Any = None
+    tool: float = 0.0  # stepscope's own time inside the step (emission, gathers)
 
 
 class AutoState:
@@ -315,6 +316,8 @@ class AutoState:
         from . import _torch_meta
 
         _torch_meta.after_boundary(self)
+        # Emission, profiler steps and the like ran inside the next step: say so (tool_s).
+        self.cur.tool += max(0.0, self.clock() - self.cur.t_start)
 
     # -- emission ------------------------------------------------------------------------
     def flush(self, block: bool) -> None:
@@ -357,11 +360,13 @@ class AutoState:
         # Blocking communication inside a phase is comm_exposed_s, not that phase.
         forward = max(0.0, d.forward - exp.get("forward", 0.0))
         backward = max(0.0, d.backward - exp.get("backward", 0.0))
-        values = self._values(d, comm)
+        values = self._values(d, comm, tokens, samples)
         self.pin.pin(d.t_start)
         self.pin_wall.pin(d.wall_end)
         try:
-            rec.start_step(tokens=tokens or _NAN, samples=samples or _NAN)
+            rec.start_step()
+            if d.tool > 0:
+                rec.add_time("tool", d.tool)
             if self.saw_loader:  # without a DataLoader the wait is unknown, not zero
                 rec.add_time("data_wait", d.data_wait)
             rec.add_time("forward", forward)
@@ -377,14 +382,24 @@ class AutoState:
             self.cross.add(cross_row(d, comm, forward, backward))
         self.last_comm = comm
 
-    def _values(self, d: StepData, comm: ddp.CommStep) -> dict[str, float]:
-        loss = sum(scalar(x) for x in d.losses) if d.losses else _NAN
-        values: dict[str, float] = {
-            "loss": loss, "lr": d.lr, "grad_norm": scalar(d.grad_norm),
-            "loss_scale": scalar(d.loss_scale), "overflow": d.overflow,
-            "mem_peak_bytes": d.mem[0], "mem_alloc_bytes": d.mem[1],
-            "micro_batches": float(d.micro),
-        }
+    def _values(self, d: StepData, comm: ddp.CommStep, tokens: float, samples: float
+                ) -> dict[str, float]:
+        """The row's values; only what was seen (a NaN here is the training's own NaN)."""
+        values: dict[str, float] = {"overflow": d.overflow, "micro_batches": float(d.micro)}
+        if tokens > 0:
+            values["tokens"] = tokens
+        if samples > 0:
+            values["samples"] = samples
+        if d.losses:
+            values["loss"] = sum(scalar(x) for x in d.losses)
+        if d.grad_norm is not None:
+            values["grad_norm"] = scalar(d.grad_norm)
+        if d.loss_scale is not None:
+            values["loss_scale"] = scalar(d.loss_scale)
+        for key, v in (("lr", d.lr), ("mem_peak_bytes", d.mem[0]),
+                       ("mem_alloc_bytes", d.mem[1])):
+            if not math.isnan(v):
+                values[key] = v
         if not math.isnan(comm.total_s):
             values["comm_s"] = comm.total_s
             values["comm_exposed_s"] = comm.exposed_s
@@ -394,7 +409,7 @@ class AutoState:
                 values["comm_buckets"] = float(comm.buckets)
                 values["comm_buckets_overlapped"] = float(comm.overlapped_buckets)
         values.update(d.extra)
-        return {k: v for k, v in values.items() if not math.isnan(v)}
+        return values
 
     # -- end of the process ----------------------------------------------------------------
     def close(self, status: str = "finished", error: str | None = None) -> None:

@@ -30,7 +30,6 @@ Under ``stepscope run`` this callback does nothing (the zero-code hooks record a
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -55,8 +54,8 @@ class StepscopeCallback(TrainerCallback):
         self._optimizer: Any = None
         self._fwd_open = False
         self._after_fwd = False
-        self._lr = math.nan
-        self._norm = math.nan
+        self._lr: float | None = None
+        self._norm: float | None = None
         self._noted = False
         self._sum_losses = False
         self.disabled = torch_auto.active()
@@ -143,8 +142,7 @@ class StepscopeCallback(TrainerCallback):
         if self._after_fwd:
             pc.backward_end()
             self._after_fwd = False
-        self._lr = math.nan
-        self._norm = math.nan
+        self._lr = self._norm = None
         opt = kwargs.get("optimizer") or self._optimizer
         try:
             groups = opt.param_groups

@@ -26,7 +26,6 @@ Under ``stepscope run`` this callback does nothing (the zero-code hooks record a
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any
@@ -54,8 +53,8 @@ class StepscopeCallback(Callback):
         self.pc: PhaseClock | None = None
         self._last_global_step = 0
         self._t_batch_end: float | None = None
-        self._lr = math.nan
-        self._norm = math.nan
+        self._lr: float | None = None
+        self._norm: float | None = None
         self.disabled = torch_auto.active()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -107,7 +106,7 @@ class StepscopeCallback(Callback):
             self._lr = float(groups[0]["lr"])
             self._norm = grad_norm(p for g in groups for p in g["params"])
         except Exception:
-            self._lr = self._norm = math.nan
+            self._lr = self._norm = None
         pc.optimizer_begin()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
