@@ -13,15 +13,20 @@ from typing import Any
 
 
 class Replay:
-    """Per-dataset cache of the first ``k`` batches (keyed by the dataset object's id)."""
+    """Per-loader cache of the first ``k`` batches.
+
+    Keyed by the dataset and the batch sampler (both live as long as the DataLoader), so
+    a new epoch's iterator finds its loader's batches, and a second loader over the same
+    dataset (e.g. evaluation, another batch size) keeps its own.
+    """
 
     def __init__(self, k: int) -> None:
         self.k = max(1, int(k))
-        self._cache: dict[int, list[Any]] = {}
-        self._pos: dict[int, int] = {}
+        self._cache: dict[tuple[int, int], list[Any]] = {}
+        self._pos: dict[tuple[int, int], int] = {}
 
     def next(self, it: Any, orig_next: Any) -> Any:
-        key = id(getattr(it, "_dataset", it))
+        key = (id(getattr(it, "_dataset", it)), id(getattr(it, "_index_sampler", None)))
         cached = self._cache.setdefault(key, [])
         if len(cached) < self.k:
             batch = orig_next(it)  # StopIteration passes through: short epoch
