@@ -236,13 +236,23 @@ def test_replay_cycles_first_batches_and_ends_epoch():
         it._num_yielded += 1
         return next(it._src)
 
+    def next_batch(rp, it):  # what the patched DataLoader iterator does
+        hit, batch = rp.take(it)
+        if not hit:
+            batch = orig(it)
+            rp.keep(it, batch)
+        return batch
+
     rp = Replay(2)
     it = It(["a", "b", "c", "d", "e"])
     got = []
     with pytest.raises(StopIteration):
         while True:
-            got.append(rp.next(it, orig))
+            got.append(next_batch(rp, it))
     assert got == ["a", "b", "a", "b", "a"]
+    it2 = It(["a", "b", "c", "d", "e"])  # next epoch: same loader, replayed from the start
+    it2._dataset = it._dataset
+    assert [next_batch(rp, it2) for _ in range(3)] == ["b", "a", "b"]
 
 
 def test_hook_failure_never_reaches_training_and_sitecustomize_chains(tmp_path):

@@ -178,12 +178,19 @@ def _loader_hook(st: AutoState) -> None:
     replay = Replay(st.settings.replay_batches) if st.settings.replay_data else None
 
     def __next__(self: Any) -> Any:
+        t0 = clock()
+        hit, batch = False, None
         if replay is not None:
-            t0 = clock()
-            batch = replay.next(self, orig)
-        else:
-            t0 = clock()
-            batch = orig(self)
+            try:
+                hit, batch = replay.take(self)  # StopIteration ends a replayed epoch
+            except StopIteration:
+                raise
+            except Exception as exc:  # a replay failure falls back to the real loader
+                st.failed("data replay", exc)
+        if not hit:
+            batch = orig(self)  # the loader's own errors reach the script unchanged
+            if replay is not None:
+                replay.keep(self, batch)
         dt = clock() - t0
         try:
             st.saw_loader = True

@@ -25,15 +25,17 @@ class Replay:
         self._cache: dict[tuple[int, int], list[Any]] = {}
         self._pos: dict[tuple[int, int], int] = {}
 
-    def next(self, it: Any, orig_next: Any) -> Any:
-        key = (id(getattr(it, "_dataset", it)), id(getattr(it, "_index_sampler", None)))
+    def take(self, it: Any) -> tuple[bool, Any]:
+        """(True, batch) to replay; (False, None) while the first ``k`` are still real.
+
+        Raises StopIteration when a replayed epoch has reached ``len(loader)`` batches.
+        """
+        key = self._key(it)
         cached = self._cache.setdefault(key, [])
         if len(cached) < self.k:
-            batch = orig_next(it)  # StopIteration passes through: short epoch
-            cached.append(batch)
-            return batch
+            return False, None
         try:
-            length = len(it)
+            length: int | None = len(it)
         except TypeError:  # IterableDataset without a length: replay forever
             length = None
         done = getattr(it, "_num_yielded", 0)
@@ -43,4 +45,14 @@ class Replay:
         self._pos[key] = pos + 1
         if hasattr(it, "_num_yielded"):
             it._num_yielded = done + 1
-        return cached[pos % self.k]
+        return True, cached[pos % self.k]
+
+    def keep(self, it: Any, batch: Any) -> None:
+        """Remember a real batch (the loader's own ``next`` produced it)."""
+        cached = self._cache.setdefault(self._key(it), [])
+        if len(cached) < self.k:
+            cached.append(batch)
+
+    @staticmethod
+    def _key(it: Any) -> tuple[int, int]:
+        return id(getattr(it, "_dataset", it)), id(getattr(it, "_index_sampler", None))
