@@ -14,6 +14,7 @@ host synchronisation is added to any step.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 import warnings
@@ -126,6 +127,7 @@ class AutoState:
         self.profiler: Any = None
         self.rank = env_rank()
         self.first_micro = 0
+        self.pid = os.getpid()
         self.saw_loader = False
         self.last_comm: ddp.CommStep | None = None
 
@@ -413,6 +415,8 @@ class AutoState:
 
     # -- end of the process ----------------------------------------------------------------
     def close(self, status: str = "finished", error: str | None = None) -> None:
+        if os.getpid() != self.pid:  # a forked child (DataLoader worker): not ours to close
+            return
         with self.lock:
             if self.closed:
                 return
