@@ -62,3 +62,41 @@ def test_trainer_callback_rows_match_trainer_logs(tmp_path):
     assert b["seed"] == 3 and b["vocab_size"] == 128 and b["optimizer"] == "AdamW"
     assert meta.environment["flops_per_token"] == 6 * b["num_params"]
     assert meta.config["grad_norm_source"] == "Trainer logs"
+
+
+@pytest.mark.xdist_group("hf")
+def test_unmodified_trainer_under_stepscope_run(tmp_path):
+    from torch_run_support import python_script, stepscope_run
+
+    out = tmp_path / "auto"
+    proc = subprocess_in(tmp_path, lambda: stepscope_run(
+        out, *python_script("torch_hf_trainer.py")))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    logs = [tuple(map(float, line.split()[1:])) for line in proc.stdout.splitlines()
+            if line.startswith("LOG ")]
+    assert len(logs) == 4
+    table, _ = RunDir(out).read_steps()
+    assert table["step"].tolist() == [0, 1, 2, 3]
+    # model(**batch) keywords are read: 2 micro-batches of 4 x 32 tokens, even on step 0
+    # where accelerate's loader has prefetched a third batch
+    assert table["tokens"].tolist() == [256.0] * 4
+    assert table["micro_batches"].tolist() == [2.0] * 4
+    loss, norm, lr = (np.array(c) for c in zip(*logs, strict=True))
+    assert np.allclose(table["loss"], loss, rtol=1e-5)
+    assert np.allclose(table["grad_norm"], norm, rtol=1e-4)  # from clip_grad_norm_
+    assert np.allclose(table["lr"], lr)
+    meta = RunDir(out).read_meta()
+    assert meta.baseline["grad_accum"] == 2 and meta.baseline["seed"] == 3
+    assert meta.config["instrumentation"] == "auto"
+
+
+def subprocess_in(cwd, fn):
+    """Run ``fn`` with ``cwd`` as the working directory (the Trainer writes hf-out/)."""
+    import os
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return fn()
+    finally:
+        os.chdir(old)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 import warnings
@@ -70,6 +71,8 @@ class StepData:
     loader_samples: float = 0.0
     fwd_tokens: float = 0.0
     fwd_samples: float = 0.0
+    fwd_calls: int = 0  # outermost calls of a module with parameters
+    fwd_counted: int = 0  # ... of which token ids were found in the inputs
     micro: int = 0
     losses: list[Any] = field(default_factory=list)
     lr: float = _NAN
@@ -104,6 +107,8 @@ class AutoState:
         self.stack: list[bool] = []
         self.t_fwd0 = 0.0
         self.dev_open: dict[str, Any] = {}
+        self.root: Any = None  # the outermost module of the forward in progress
+        self.root_counted = False
         self.in_backward = False
         self.primary: Any = None  # weakref to the optimizer whose steps are boundaries
         self.t_opt0 = 0.0
@@ -203,17 +208,42 @@ class AutoState:
             self.param_cache[key] = has_params
             if has_params:
                 self._first_model(module)
+                # Global pre-hooks see positional arguments only; models called with
+                # keywords (Hugging Face: model(**batch)) are read by a per-module hook
+                # with kwargs, which runs right after this one from the next call on.
+                module.register_forward_pre_hook(self._kwargs_hook, with_kwargs=True)
+                self.root = module
+                self.cur.fwd_calls += 1
+                self._count_inputs(args)
+                if not self.root_counted:  # this very call: its keywords, read once
+                    self._count_inputs(_first_call_kwargs())
+                return
+        self.root = module if has_params else None
         if has_params:
-            from .torch import batch_counts
+            self.cur.fwd_calls += 1
+            self._count_inputs(args)
 
-            tokens, samples = batch_counts(args)
-            if not math.isnan(tokens):  # token ids seen: count them and their samples
-                self.cur.fwd_tokens += tokens
-                self.cur.fwd_samples += samples
-                if "model_input_shape" not in self.baseline:
-                    self.baseline["model_input_shape"] = shape_of(args, self.torch)
-                    self.baseline["micro_batch"] = int(samples)
-                    self.baseline["seq_len"] = int(tokens // samples)
+    def _kwargs_hook(self, module: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if module is self.root and self.depth == 1 and kwargs and not self.root_counted:
+                self._count_inputs(kwargs)
+        except Exception as exc:
+            self.failed("forward kwargs hook", exc)
+
+    def _count_inputs(self, inputs: Any) -> None:
+        from .torch import batch_counts
+
+        tokens, samples = batch_counts(inputs)
+        self.root_counted = not math.isnan(tokens)
+        if self.root_counted:  # token ids seen: count them and their samples
+            d = self.cur
+            d.fwd_tokens += tokens
+            d.fwd_samples += samples
+            d.fwd_counted += 1
+            if "model_input_shape" not in self.baseline:
+                self.baseline["model_input_shape"] = shape_of(inputs, self.torch)
+                self.baseline["micro_batch"] = int(samples)
+                self.baseline["seq_len"] = int(tokens // samples)
 
     def on_forward_root_end(self) -> None:
         self.cur.forward += self.clock() - self.t_fwd0
@@ -342,10 +372,11 @@ class AutoState:
         if rec is None:
             return
         s = self.settings
-        # The model's own inputs when they show token ids (exact: a script that slices
-        # targets off the batch feeds fewer tokens than the loader produced), else the
-        # DataLoader batches drawn during the step.
-        use_fwd = d.fwd_tokens > 0 or not d.loader_batches
+        # The model's own inputs when every outermost call of the step showed token ids
+        # (exact: a script that slices targets off the batch feeds fewer tokens than the
+        # loader produced, and a loader may prefetch), else the DataLoader batches drawn
+        # during the step.
+        use_fwd = (d.fwd_counted > 0 and d.fwd_counted == d.fwd_calls) or not d.loader_batches
         tokens = d.fwd_tokens if use_fwd else d.loader_tokens
         samples = d.fwd_samples if use_fwd else d.loader_samples
         if not math.isnan(s.tokens_per_step):
@@ -430,3 +461,21 @@ class AutoState:
             return
         _torch_meta.write_summary(self, status, error)
         rec.close(status=status, error=error)
+
+
+def _first_call_kwargs() -> dict[str, Any]:
+    """Keyword arguments of the module call now in progress, read from its frame.
+
+    Used once per model, for the one call that happens before the per-module kwargs hook
+    exists: the caller chain is Module._call_impl -> global pre-hook -> on_forward_root.
+    Anything unexpected gives {} (the step then counts tokens from the DataLoader).
+    """
+    frame = sys._getframe(1)
+    for _ in range(6):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return {}
+        if frame.f_code.co_name == "_call_impl":
+            kwargs = frame.f_locals.get("kwargs")
+            return kwargs if isinstance(kwargs, dict) else {}
+    return {}
