@@ -13,9 +13,10 @@ rank:
   ``optimizer_s``: optimizer pre-hook to post-hook;
 * ``comm_s`` / ``comm_exposed_s``: DDP comm hook per bucket, ``torch.distributed``
   collectives (FSDP2) — see :mod:`.ddp`;
-* ``tokens`` / ``samples``: DataLoader batches drawn during the step (first 2-D integer
-  tensor = token ids), else the inputs of the outermost module call; summed over
-  micro-batches. ``STEPSCOPE_TOKENS_PER_STEP`` / ``STEPSCOPE_SAMPLES_PER_STEP`` override.
+* ``tokens`` / ``samples``: the inputs (positional or keyword) of the outermost module
+  call when they hold token ids (first 2-D integer tensor, ``input_ids`` first), else the
+  DataLoader batches drawn during the step; summed over micro-batches.
+  ``STEPSCOPE_TOKENS_PER_STEP`` / ``STEPSCOPE_SAMPLES_PER_STEP`` override.
 * ``loss``: the scalar ``backward()`` was called on, summed over micro-batches (a script
   that divides by the accumulation count gets the mean), unscaled when it came from
   ``GradScaler.scale``; ``lr``: first param group at optimizer pre-hook; ``grad_norm``:
