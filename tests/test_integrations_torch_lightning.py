@@ -63,3 +63,26 @@ def test_lightning_callback_rows(tmp_path):
     assert b["num_params"] == 64 * 32 + 32 * 64 + 64
     assert (b["grad_accum"], b["precision"], b["seed"]) == (2, "fp32", 5)
     assert b["optimizer"] == "SGD" and b["optimizer_hparams"]["momentum"] == 0.9
+
+
+@pytest.mark.xdist_group("lightning")
+def test_unmodified_lightning_under_stepscope_run(tmp_path):
+    from torch_run_support import python_script, stepscope_run
+
+    out = tmp_path / "auto"
+    proc = stepscope_run(out, *python_script("torch_lightning.py"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    micro = [float(line.split()[1]) for line in proc.stdout.splitlines()
+             if line.startswith("MICRO ")]
+    assert len(micro) == 8
+    table, _ = RunDir(out).read_steps()
+    assert table["step"].tolist() == [0, 1, 2, 3]
+    assert table["tokens"].tolist() == [2 * 4 * SEQ] * 4
+    assert table["micro_batches"].tolist() == [2.0] * 4
+    # backward runs on loss / 2 (accumulate_grad_batches): the step's loss is their mean
+    expected = [(a + b) / 2 for a, b in zip(micro[0::2], micro[1::2], strict=True)]
+    assert np.allclose(table["loss"], expected, rtol=1e-5)
+    assert table["lr"].tolist() == [0.1] * 4
+    meta = RunDir(out).read_meta()
+    assert meta.baseline["grad_accum"] == 2 and meta.baseline["seed"] == 5
+    assert meta.config["instrumentation"] == "auto"
