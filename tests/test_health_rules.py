@@ -325,11 +325,19 @@ def test_uniform_slowdown_is_the_host_and_a_phase_slowdown_is_named() -> None:
     assert (f.severity, f.evidence["slower_phase"], f.steps) == ("warning", "other", (50, 99))
 
 
-def test_wall_time_growth_without_cpu_growth_is_contention() -> None:
+def test_wall_time_growth_without_cpu_growth_is_contention_only_with_preemption() -> None:
     st = np.where(np.arange(N) < 50, 0.1, 0.2)
     st[0] = 1.0
-    (f,) = check_health(_base(step_time_s=st, end_s=np.cumsum(st), cpu_s=np.full(N, 0.09)))
-    assert (f.severity, f.evidence["uniform_slowdown"]) == ("info", True)
+    cpu = np.full(N, 0.09)
+    preempt = np.where(np.arange(N) < 50, 2.0, 40.0)  # the kernel took the CPU away
+    (f,) = check_health(_base(step_time_s=st, end_s=np.cumsum(st), cpu_s=cpu,
+                              preempt=preempt))
+    assert (f.severity, f.evidence["cause_hint"]) == ("info", "contention")
+    # Same wall/CPU times, preemptions flat: the process sleeps or waits -> a regression.
+    (f,) = check_health(_base(step_time_s=st, end_s=np.cumsum(st), cpu_s=cpu,
+                              preempt=np.full(N, 2.0)))
+    assert (f.severity, f.evidence["cause_hint"]) == ("warning", "waiting")
+    assert "waiting, not computing" in f.message
     (f,) = check_health(_base(step_time_s=st, end_s=np.cumsum(st), cpu_s=st * 0.9))
     assert f.severity == "warning"  # CPU time grew with wall time: more work per step
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import resource
 import sys
 import threading
 import time
@@ -67,7 +68,7 @@ _I_RANK, _I_STEP = _COL["rank"], _COL["step"]
 _I_END, _I_WALL = _COL["end_s"], _COL["wall_time_s"]
 _I_STEP_TIME, _I_DATA = _COL["step_time_s"], _COL["data_wait_s"]
 _I_TOKENS, _I_SAMPLES, _I_SYNCED = _COL["tokens"], _COL["samples"], _COL["synced"]
-_I_CPU = _COL["cpu_s"]
+_I_CPU, _I_PREEMPT = _COL["cpu_s"], _COL["preempt"]
 # Phase names accepted by Step.phase / Recorder.add_time and their columns.
 _PHASE_COL = {
     "data": _I_DATA, "data_wait": _I_DATA,
@@ -144,9 +145,11 @@ class Recorder:
             ``environment``, ``config``, ``name``...).
         rank: global rank; default from ``RANK`` / ``RANK_ID`` (MindSpore) env vars, else 0.
         clock: monotonic seconds (injected in tests). ``wall_clock``: epoch seconds.
-        cpu_clock: process CPU seconds (all threads); ``cpu_s`` is its advance between
-            consecutive step ends, so wall time that grows without CPU time growing reads
-            as waiting or contention, not as slower compute. ``None`` disables it.
+        usage: returns (process CPU seconds, involuntary context switches), all threads;
+            default ``getrusage`` (one system call per step). ``cpu_s`` and ``preempt`` are
+            their advance between step ends: wall time that grows without CPU time is
+            waiting; with more preemptions it is CPU contention from other processes.
+            ``no_usage=True`` disables it.
         sync: device synchronisation function; ``None`` (CPU) never synchronises.
         sync_every: synchronise phase boundaries on every N-th step (N >= 1).
         flush_interval_s: the writer thread flushes at least this often.
@@ -162,19 +165,20 @@ class Recorder:
         rank: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
-        cpu_clock: Callable[[], float] | None = time.process_time,
+        usage: Callable[[], tuple[float, float]] | None = None,
         sync: Callable[[], None] | None = None,
         sync_every: int = 10,
         flush_interval_s: float = 0.5,
         capacity: int = 8192,
         start_step: int = 0,
         background: bool = True,
+        no_usage: bool = False,
     ) -> None:
         self.rank = _env_rank() if rank is None else int(rank)
         self._clock = clock
         self._wall = wall_clock
-        self._cpu = cpu_clock
-        self._cpu_last = cpu_clock() if cpu_clock is not None else 0.0
+        self._usage = None if no_usage else (usage or _rusage)
+        self._usage_last = self._usage() if self._usage is not None else (0.0, 0.0)
         self._sync = sync
         self._sync_every = max(1, int(sync_every))
         self._sync_now = False
@@ -283,10 +287,11 @@ class Recorder:
         row[_I_END] = t1 - self._t0
         row[_I_WALL] = self._wall()
         row[_I_SYNCED] = 1.0 if self._sync_now else 0.0
-        if self._cpu is not None:
-            c = self._cpu()
-            row[_I_CPU] = c - self._cpu_last
-            self._cpu_last = c
+        if self._usage is not None:
+            u = self._usage()
+            row[_I_CPU] = u[0] - self._usage_last[0]
+            row[_I_PREEMPT] = u[1] - self._usage_last[1]
+            self._usage_last = u
         self._sync_now = False
         self._open = False
         self._next_step += 1
@@ -486,6 +491,12 @@ class Recorder:
             self.close()
         else:
             self.close(status="failed", error=f"{et.__name__}: {e}")
+
+
+def _rusage() -> tuple[float, float]:
+    """(CPU seconds, involuntary context switches) of this process, all threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, float(r.ru_nivcsw)
 
 
 def _encode_nonfinite(v: float) -> str:

@@ -82,6 +82,8 @@ STEP_COLUMNS: tuple[Column, ...] = (
     Column("mem_alloc_bytes", "float64", "memory in use at step end (source in run.json)"),
     Column("synced", "float64", "1 if phase times were measured with device sync, else 0"),
     Column("cpu_s", "float64", "process CPU time (all threads) between step ends"),
+    Column("preempt", "float64", "involuntary context switches of the process between step "
+           "ends: the kernel took the CPU away (contention), unlike waiting or sleeping"),
     Column("tool_s", "float64", "time stepscope itself spent in or just before the step "
            "(profiler start/stop, cross-rank gathers): rules never blame training for it"),
 )

@@ -239,8 +239,12 @@ def _rank_throughput(t: StepTable, r: int, ctx: HealthContext) -> Finding | None
     # spares others; a code or data regression slows (nearly) every step.
     fast = float(np.mean(st[sel[1]] <= (1 + cfg.regression_fast_tol) * np.median(st[sel[0]])))
     intermittent = fast >= cfg.regression_intermittent_frac
-    uniform = uniform or _cpu_unchanged(t, r, ok, sel, st)
-    if uniform:
+    why = _waiting_or_contention(t, r, ok, sel, st)
+    uniform = uniform or why == "contention"
+    if why == "contention" and not intermittent:
+        msg += ("; CPU time per step is unchanged while involuntary context switches rose: "
+                "other processes took the CPU (contention), not the training code")
+    elif uniform:
         msg += ("; every compute phase slowed alike: the host got slower (another process, "
                 "throttling), not the training code")
     elif intermittent:
@@ -248,12 +252,14 @@ def _rank_throughput(t: StepTable, r: int, ctx: HealthContext) -> Finding | None
                 "(CPU contention from other processes, or occasional stalls)")
     elif phase:
         msg += f"; the extra time is in {PHASE_WORDS.get(phase, phase)}"
+    if why == "waiting":
+        msg += "; CPU time per step did not grow: the process is waiting, not computing"
     return Finding(
         category="throughput_regression",
         severity="info" if uniform or intermittent else "warning", message=msg,
         evidence={"before": a, "after": b, "unit": unit, "drop_frac": drop,
                   "trend_corr": corr, "progressive": bool(drift), "impact_frac": drop,
-                  "slower_phase": phase, "uniform_slowdown": uniform,
+                  "slower_phase": phase, "uniform_slowdown": uniform, "cause_hint": why,
                   "still_fast_frac": fast},
         steps=span, rank=r, confidence=0.8, rule="health.throughput",
         recommendation=("Compare a profile from before and after the change point "
@@ -298,20 +304,35 @@ def _slowdown_by_phase(t: StepTable, r: int, ok: AnyArray,
     return phase.removesuffix("_s"), bool(uniform)
 
 
-def _cpu_unchanged(t: StepTable, r: int, ok: AnyArray, sel: tuple[AnyArray, AnyArray],
-                   st: AnyArray) -> bool:
-    """With a ``cpu_s`` column (process CPU seconds per step, e.g. a time.process_time()
-    delta): wall time grew but CPU time grew less than half as much -> the process was
-    waiting for a CPU (contention), not doing more work."""
+def _waiting_or_contention(t: StepTable, r: int, ok: AnyArray, sel: tuple[AnyArray, AnyArray],
+                           st: AnyArray) -> str | None:
+    """Why wall time grew while CPU time did not (needs ``cpu_s``; ``preempt`` to tell).
+
+    Wall time per step grew, CPU time (all threads) grew less than half as much: the
+    process was not computing more. If its involuntary context switches per step at least
+    doubled (and rose by >= 1), the kernel was taking the CPU away: "contention". Otherwise
+    it was waiting (sleep, I/O, a lock, a queue): "waiting" -- a real regression to find.
+    """
     if not t.has_data("cpu_s"):
-        return False
+        return None
     cpu = rank_series(t, r, "cpu_s")[1][ok]
     b, a = sel
-    cb, ca = np.nanmedian(cpu[b]), np.nanmedian(cpu[a])
-    wb, wa = np.median(st[b]), np.median(st[a])
-    if not (np.isfinite(cb) and np.isfinite(ca)) or wa <= wb:
-        return False
-    return bool(ca - cb < 0.5 * (wa - wb))
+    med = _finite_median
+    cb, ca = med(cpu[b]), med(cpu[a])
+    wb, wa = float(np.median(st[b])), float(np.median(st[a]))
+    if not (np.isfinite(cb) and np.isfinite(ca)) or wa <= wb or ca - cb >= 0.5 * (wa - wb):
+        return None
+    if t.has_data("preempt"):
+        pre = rank_series(t, r, "preempt")[1][ok]
+        pb, pa = med(pre[b]), med(pre[a])
+        if np.isfinite(pb) and np.isfinite(pa) and pa >= 2 * pb and pa - pb >= 1:
+            return "contention"
+    return "waiting"
+
+
+def _finite_median(x: AnyArray) -> float:
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if x.size else float("nan")
 
 
 def _all_ranks_slow(t: StepTable, ctx: HealthContext) -> bool:
