@@ -23,7 +23,7 @@ class _TinyLM(pl.LightningModule):  # type: ignore[misc]
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = torch.nn.functional.cross_entropy(self.net(x).reshape(-1, VOCAB), y.reshape(-1))
-        self.losses.append(float(loss))
+        self.losses.append(float(loss.detach()))
         return loss
 
     def configure_optimizers(self):
