@@ -64,22 +64,25 @@ def interval_errors(recorded: np.ndarray, steps: np.ndarray, printed: dict[int, 
 
 def assert_times_agree(recorded: np.ndarray, steps: np.ndarray, printed: dict[int, float],
                        tol: float = 0.05) -> None:
-    """Recorded step times agree with the script's own intervals within ``tol``.
+    """Recorded step times agree with the script's own timestamps within ``tol``.
 
-    The sum over steps must agree within ``tol`` and so must 80% of single steps. Single
-    steps get that slack because this 2-core machine is shared: a few-ms pause of the
-    process between the optimizer hook and the script's print moves one printed
-    timestamp, lengthening one printed interval and shortening the next by as much
-    (the sum is immune to that).
+    Judged on every window of two consecutive steps and on the whole run, from step 3.
+    Why windows: the script prints its timestamp a little after the optimizer hook, and
+    on this shared 2-core machine that gap varies by a millisecond or more; a late print
+    lengthens one printed interval and shortens the next by as much (measured: +-1 ms
+    alternating on 50 ms DDP steps), an error of the reference, not of the recording. A
+    two-step window cancels it; a real disagreement (time missing from or added to a
+    step) does not cancel. Steps 1-2 overlap the other test worker's start-up.
     """
-    errs = interval_errors(recorded, steps, printed)
-    assert len(errs) == len(steps) - 1, (len(errs), len(steps))
-    # Steps 1-2 overlap the other test worker's start-up (torch imports, torchrun) on
-    # this 2-core machine; their printed intervals are the noisiest. Judge from step 3.
-    errs = errs[2:]
-    idx = [i for i, s in enumerate(steps.tolist()) if s >= 3 and s - 1 in printed]
-    own_total = sum(printed[s] - printed[s - 1] for s in steps.tolist()
-                    if s >= 3 and s - 1 in printed)
-    rec_total = float(np.sum(recorded[idx]))
+    assert len(interval_errors(recorded, steps, printed)) == len(steps) - 1
+    rec = {int(s): float(t) for s, t in zip(steps.tolist(), recorded.tolist(), strict=True)}
+    errs = []
+    for s in sorted(rec):
+        if s >= 4 and s - 2 in printed and s in printed:
+            own = printed[s] - printed[s - 2]
+            errs.append(abs(rec[s] + rec[s - 1] - own) / own)
+    assert errs and max(errs) < tol, errs
+    first, last = 3, max(rec)
+    own_total = printed[last] - printed[first - 1]
+    rec_total = sum(rec[s] for s in range(first, last + 1))
     assert abs(rec_total - own_total) / own_total < tol, (rec_total, own_total)
-    assert np.mean(errs < tol) >= 0.8, errs
