@@ -18,10 +18,9 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,30 +30,9 @@ from mindspore import nn, ops
 
 from ..integrations import mindspore as msi
 from . import data
+from .config import GPTConfig, TrainConfig, lr_at, model_flops
 
 __all__ = ["GPTConfig", "TrainConfig", "GPT", "train"]
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Mirrors ``torch_gpt.GPTConfig`` (a test pins the two equal)."""
-
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 256
-    seq_len: int = 256
-    vocab_size: int = data.VOCAB_SIZE
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Mirrors ``torch_gpt.TrainConfig``."""
-
-    batch_size: int = 8
-    lr: float = 1e-3
-    warmup_steps: int = 10
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
 
 
 def _dense(n_in: int, n_out: int) -> nn.Dense:
@@ -108,32 +86,6 @@ class GPT(nn.Cell):  # type: ignore[misc]
         return ops.matmul(self.ln_f(x), self.tok.embedding_table.T)
 
 
-def _lr_at(step: int, tc: TrainConfig, total: int) -> float:
-    """Linear warm-up then cosine decay to 10% of the peak (as torch_gpt._lr_at)."""
-    if step < tc.warmup_steps:
-        return tc.lr * (step + 1) / tc.warmup_steps
-    frac = (step - tc.warmup_steps) / max(1, total - tc.warmup_steps)
-    return tc.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
-
-
-def _model_flops(cfg: GPTConfig, n_params: int) -> dict[str, Any]:
-    """FLOPs per token as ``torch_gpt.model_flops`` computes them (same spec, same model)."""
-    try:
-        from ..calc.flops import ModelSpec, flops_per_token
-    except ImportError:  # calculator absent: MFU shows as unavailable
-        return {}
-    spec = ModelSpec(layers=cfg.n_layer, hidden=cfg.d_model, heads=cfg.n_head,
-                     ffn_hidden=4 * cfg.d_model, vocab=cfg.vocab_size, seq_len=cfg.seq_len,
-                     tied_embeddings=True, position_embeddings=cfg.seq_len,
-                     linear_bias=True, norm_bias=True)
-    if int(spec.num_params()) != n_params:  # the spec no longer describes the model
-        spec = dataclasses.replace(spec, params=n_params)
-    est = flops_per_token(spec)
-    return {"flops_per_token": est.flops_per_token,
-            "hardware_flops_per_token": est.hardware_flops_per_token,
-            "flops_convention": est.convention}
-
-
 def _meta(cfg: GPTConfig, tc: TrainConfig, net: GPT, seed: int, steps: int,
           slow: bool) -> dict[str, Any]:
     fp = msi.model_fingerprint(net)
@@ -149,7 +101,7 @@ def _meta(cfg: GPTConfig, tc: TrainConfig, net: GPT, seed: int, steps: int,
         "lr_schedule": "linear warmup + cosine to 10%", "weight_decay": tc.weight_decay,
         "precision": "fp32", "recompute": "none", "seed": seed,
     }
-    env: dict[str, Any] = _model_flops(cfg, fp["num_params"])
+    env: dict[str, Any] = model_flops(cfg, fp["num_params"])
     config = {"demo": {"model": asdict(cfg), "train": asdict(tc), "steps": steps,
                        "slow_data": slow, "framework": "mindspore"}}
     return {"name": "demo-mindspore", "baseline": baseline, "environment": env,
@@ -201,7 +153,7 @@ def train(run_dir: Path, *, steps: int, seed: int = 0, slow_data: bool = False,
     ms.set_device("CPU")
     ms.set_seed(seed)
     net = GPT(cfg)
-    lrs = [_lr_at(i, tc, steps) for i in range(max(steps, 1))]
+    lrs = [lr_at(i, tc, steps) for i in range(max(steps, 1))]
     opt = nn.AdamWeightDecay([{"params": net.trainable_params(),
                                "weight_decay": tc.weight_decay}], learning_rate=lrs)
     forward_backward, update = _compiled_step(net, opt, tc, cfg.vocab_size)

@@ -14,10 +14,8 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,26 +26,9 @@ from torch import nn
 from .. import Recorder
 from ..integrations import torch as sst
 from . import data
+from .config import GPTConfig, TrainConfig, lr_at, model_flops
 
 __all__ = ["GPTConfig", "GPT", "TrainConfig", "train", "model_flops"]
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 256
-    seq_len: int = 256
-    vocab_size: int = data.VOCAB_SIZE
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    batch_size: int = 8
-    lr: float = 1e-3
-    warmup_steps: int = 10
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
 
 
 class Block(nn.Module):
@@ -101,34 +82,6 @@ class GPT(nn.Module):
             x = block(x)
         logits: torch.Tensor = self.head(self.ln_f(x))
         return logits
-
-
-def model_flops(cfg: GPTConfig, n_params: int) -> dict[str, Any]:
-    """FLOPs per token of the demo model under the default (PaLM) convention, for run.json.
-
-    Delegates to ``stepscope.calc.flops`` with the model's exact shape (learned positions,
-    biases, tied head), and checks the shape's parameter count against the real one.
-    """
-    from ..calc.flops import ModelSpec, flops_per_token
-
-    spec = ModelSpec(layers=cfg.n_layer, hidden=cfg.d_model, heads=cfg.n_head,
-                     ffn_hidden=4 * cfg.d_model, vocab=cfg.vocab_size, seq_len=cfg.seq_len,
-                     tied_embeddings=True, position_embeddings=cfg.seq_len,
-                     linear_bias=True, norm_bias=True)
-    if int(spec.num_params()) != n_params:  # the spec no longer describes the model
-        spec = dataclasses.replace(spec, params=n_params)
-    est = flops_per_token(spec)
-    return {"flops_per_token": est.flops_per_token,
-            "hardware_flops_per_token": est.hardware_flops_per_token,
-            "flops_convention": est.convention}
-
-
-def _lr_at(step: int, tc: TrainConfig, total: int) -> float:
-    """Linear warm-up then cosine decay to 10% of the peak."""
-    if step < tc.warmup_steps:
-        return tc.lr * (step + 1) / tc.warmup_steps
-    frac = (step - tc.warmup_steps) / max(1, total - tc.warmup_steps)
-    return tc.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
 def _loader(cfg: GPTConfig, tc: TrainConfig, seed: int, slow: bool
@@ -202,7 +155,7 @@ def train(run_dir: Path, *, steps: int, seed: int = 0, slow_data: bool = False,
                 break
             if len(kept) < keep_batches:
                 kept.append((x, y))
-            metrics = _train_step(rec, model, opt, x, y, _lr_at(step, tc, steps), tc, probe)
+            metrics = _train_step(rec, model, opt, x, y, lr_at(step, tc, steps), tc, probe)
             if on_step is not None:
                 on_step(metrics)
     except BaseException as exc:
