@@ -7,12 +7,23 @@ The public surface is listed in ``__all__`` and pinned by a test. Example::
         for batch in rec.wrap_loader(loader):
             with rec.step(tokens=batch.numel(), samples=len(batch)) as s:
                 ...
+    run = stepscope.RunDir.open("runs/exp1")
+    table, _ = run.read_steps()
+    sheet = stepscope.summarize(table, run.read_meta())          # the health-check sheet
+    result = stepscope.diagnose(table, run.read_meta())          # ranked findings
+    tables = stepscope.read_trace("runs/exp1/profiles")          # profiler traces -> events
+
+The analysis entry points are imported on first use, so ``import stepscope`` (done by the
+zero-code bootstrap in every training process) stays as light as the recorder.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+from .analysis.findings import Finding  # noqa: E402
 from .errors import (  # noqa: E402
     ConfigError,
     RunDirError,
@@ -37,4 +48,37 @@ __all__ = [
     "TraceFormatError",
     "UnknownDeviceError",
     "ConfigError",
+    "Finding",
+    "summarize",
+    "diagnose",
+    "compare_runs",
+    "read_trace",
+    "analyze_trace",
 ]
+
+# name -> (module, attribute): imported on first access (PEP 562).
+_LAZY = {
+    "summarize": ("stepscope.analysis.summary", "summarize"),
+    "diagnose": ("stepscope.analysis.diagnose", "diagnose"),
+    "compare_runs": ("stepscope.analysis.compare", "compare_runs"),
+    "read_trace": ("stepscope.traces", "read_trace"),
+    "analyze_trace": ("stepscope.analysis.breakdown", "analyze"),
+}
+
+if TYPE_CHECKING:
+    from .analysis.breakdown import analyze as analyze_trace
+    from .analysis.compare import compare_runs
+    from .analysis.diagnose import diagnose
+    from .analysis.summary import summarize
+    from .traces import read_trace
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
