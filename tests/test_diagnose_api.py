@@ -95,6 +95,19 @@ def test_isolation_event_confirms_or_clears_the_data_suspect() -> None:
     assert wait.severity == "info" and "isolation" in wait.evidence["explained_by"]
 
 
+def test_proved_data_suspect_points_at_the_experiment_not_at_running_it() -> None:
+    table = _run(0.1, data_s=0.03)
+    proved = data_isolation_verdict(table, _run(0.07))
+    assert proved.verdict == "bottleneck"
+    d = diagnose(table, events=[{"type": "isolation", "kind": "data",
+                                 "result": proved.to_dict()}])
+    assert d.bottleneck == "data_pipeline"
+    wait = next(f for f in d.findings if f.rule == "health.data_wait")
+    assert wait.severity == "warning" and wait.evidence["proved_by"] == "isolation experiment"
+    assert wait.recommendation.startswith("Proved by the isolation experiment (30%")
+    assert "stepscope isolate" not in wait.recommendation
+
+
 def test_straggler_explains_comm_and_nan_explains_later_spikes() -> None:
     comm = np.concatenate([np.full(N, 0.06), np.full(N, 0.001)])
     fw = np.concatenate([np.full(N, 0.02), np.full(N, 0.08)])

@@ -188,11 +188,26 @@ def _reconcile(findings: list[Finding], table: StepTable) -> None:
         jumps = f.evidence.get("jump_steps") or []
         if jumps and f.severity == "warning" and all(s in spike_steps for s in jumps):
             _demote(f, "gradient jumps at the loss-spike steps")
-    iso = [f for f in by["data_pipeline"] if f.rule == "isolation.data"]
-    if iso and iso[-1].evidence["isolation"]["verdict"] == "not_bottleneck":
-        for f in by["data_pipeline"]:
-            if f.rule == "health.data_wait" and f.severity == "warning":
-                _demote(f, "the data isolation experiment found no throughput gain")
+    _reconcile_isolation(by["data_pipeline"], "data", "health.data_wait")
+    _reconcile_isolation(by["communication"], "comm", "health.comm")
+
+
+def _reconcile_isolation(found: list[Finding], kind: str, rule: str) -> None:
+    """A suspicion the isolation experiment already settled: proved -> it is the evidence
+    (no need to ask for the experiment again); refuted -> demoted."""
+    iso = [f for f in found if f.rule == f"isolation.{kind}"]
+    if not iso:
+        return
+    result = iso[-1].evidence["isolation"]
+    for f in found:
+        if f.rule != rule or f.severity != "warning":
+            continue
+        if result["verdict"] == "not_bottleneck":
+            _demote(f, f"the {kind} isolation experiment found no throughput gain")
+        elif result["verdict"] in ("bottleneck", "minor"):
+            f.evidence["proved_by"] = "isolation experiment"
+            f.recommendation = (f"Proved by the isolation experiment ({result['share']:.0%} "
+                                f"of the step). {iso[-1].recommendation}")
 
 
 def _compute_info(table: StepTable, findings: list[Finding]) -> Finding | None:
