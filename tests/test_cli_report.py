@@ -88,3 +88,23 @@ def test_wrong_flag_is_one_line() -> None:
     proc = stepscope("report", "--nope")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.xdist_group("demo")
+def test_demo_slow_data_walks_through_the_isolation_story(tmp_path: Path) -> None:
+    """breakdown -> suspect -> isolation run -> verdict -> advice, recorded for diagnose."""
+    out = tmp_path / "slow"
+    proc = stepscope("demo", "--slow-data", "--steps", "14", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    sheet = json.loads(proc.stdout)
+    assert sheet["data_wait_frac"] > 0.05  # the serial tokenizer shows as data wait
+    iso = sheet["isolation"]
+    assert iso["kind"] == "data" and iso["experiment_run"] == f"{out}-replay"
+    assert iso["experiment_rate"] > iso["baseline_rate"]
+    assert iso["verdict"] in ("bottleneck", "minor") and iso["share"] > 0.05
+    assert iso["advice"] and "DataLoader" in iso["advice"][0]["knob"]
+    for line in ("1. Step breakdown", "2. Suspect", "3. Isolation experiment", "4. Verdict",
+                 "5. "):
+        assert line in proc.stderr
+    assert any(f["rule"] == "isolation.data" for f in sheet["findings"])
+    assert "Isolation experiment (slow data)" in (out / "report.html").read_text()

@@ -89,16 +89,15 @@ def demo_cmd(framework: str, steps: int, out: Path | None, seed: int, slow_data:
         raise ConfigError(f"{run_dir} already holds a run; pass another --out")
     console = Console(stderr=as_json)
     console.print(f"[bold]stepscope demo[/bold]: tiny GPT ({framework}, CPU) → {run_dir}")
-    keep = 16 if slow_data else 0
-    kw = {"keep_batches": keep} if framework == "torch" and keep else {}
+    kw = {"keep_batches": 16} if slow_data else {}
     kept = _train(framework, run_dir, steps, seed, slow_data, as_json, "train", **kw)
     loaded = load_run(run_dir)
     sections: tuple[tuple[str, str], ...] = ()
     story = None
-    if slow_data and framework == "torch":
+    if slow_data:
         from .demo_story import isolation_story
 
-        story = isolation_story(console, loaded, kept, steps, seed, as_json)
+        story = isolation_story(console, loaded, kept, steps, seed, as_json, framework)
         sections = story.html_sections
         loaded = load_run(run_dir)
     html = write_html(loaded, None, sections)

@@ -8,6 +8,7 @@ events.jsonl so `stepscope diagnose` and `stepscope report` show it later.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,45 +36,54 @@ class Story:
     html_sections: tuple[tuple[str, str], ...] = ()
 
 
-def _say(console: Console, lines: list[str], quiet: bool, text: str) -> None:
+def _say(console: Console, lines: list[str], text: str) -> None:
     lines.append(text)
-    if not quiet:
-        console.print(text)
+    console.print(text)  # stderr under --json, so stdout stays machine-readable
 
 
 def isolation_story(console: Console, loaded: LoadedRun, kept: list[Any], steps: int,
-                    seed: int, quiet: bool) -> Story:
-    """Run the isolation experiment for the demo's slow-data run and narrate it."""
+                    seed: int, quiet: bool, framework: str = "torch") -> Story:
+    """Run the isolation experiment for the demo's slow-data run and narrate it.
+
+    ``quiet`` hides the replay run's progress bar (``--json``); the story is always told.
+    """
     from .demo import _train
 
     lines: list[str] = []
     s = loaded.sheet
-    _say(console, lines, quiet, "\n[bold]1. Step breakdown[/bold]: " + ", ".join(
+    _say(console, lines, "\n[bold]1. Step breakdown[/bold]: " + ", ".join(
         f"{p} {fmt_pct(f)}" for p, f in s.phase_frac.items()))
-    _say(console, lines, quiet,
+    _say(console, lines,
          f"[bold]2. Suspect[/bold]: the device waits for data {fmt_pct(s.data_wait_frac)} "
          "of the step (health threshold: 5%) → the data pipeline")
     replay_dir = Path(f"{loaded.run.path}-replay")
-    _say(console, lines, quiet,
+    _say(console, lines,
          f"[bold]3. Isolation experiment[/bold]: same model, seed and batch shape; data "
          f"replaced by {len(kept)} real batches held in memory → {replay_dir}")
-    _train("torch", replay_dir, min(steps, _REPLAY_STEPS), seed, False, quiet, "replay",
+    _train(framework, replay_dir, min(steps, _REPLAY_STEPS), seed, False, quiet, "replay",
            batches=kept)
     replay_table, _ = RunDir.open(replay_dir).read_steps()
     res = data_isolation_verdict(loaded.table, replay_table)
     loaded.run.append_event({"type": ISOLATION_EVENT, "kind": "data",
                              "result": res.to_dict(), "experiment_run": str(replay_dir)})
-    _say(console, lines, quiet,
+    _say(console, lines,
          f"[bold]4. Verdict[/bold]: {res.verdict} — {fmt_num(res.baseline_rate)} → "
          f"{fmt_num(res.experiment_rate)} {res.unit}; the pipeline costs "
          f"{fmt_pct(res.share)} of the time. {res.message}")
-    advice = advise([isolation_finding(res)], loaded.meta, "torch")
+    finding = isolation_finding(res)
+    if res.verdict == "minor":  # advice is for warnings; a minor cost still has its fix
+        finding = dataclasses.replace(finding, severity="warning")
+    advice = advise([finding], loaded.meta, framework) if res.verdict in (
+        "bottleneck", "minor") else []
+    lead = ("[bold]5. Next single change[/bold]" if res.verdict == "bottleneck" else
+            f"[bold]5. A minor cost ({fmt_pct(res.share)})[/bold], worth fixing after the "
+            "larger phases")
     for i, a in enumerate(advice[:3]):
-        head = "[bold]5. Next single change[/bold]" if i == 0 else "   then"
-        _say(console, lines, quiet, f"{head}: {a.knob} — {a.change} (expected: "
+        head = lead if i == 0 else "   then"
+        _say(console, lines, f"{head}: {a.knob} — {a.change} (expected: "
                                     f"{a.expected_effect})")
     if not advice:
-        _say(console, lines, quiet, "[bold]5. Advice[/bold]: the data pipeline is not the "
+        _say(console, lines, "[bold]5. Advice[/bold]: the data pipeline is not the "
                                     "bottleneck; look at the next phase of the breakdown")
     body = "".join(f"<p>{html.escape(Text.from_markup(x).plain)}</p>" for x in lines)
     return Story(result={**res.to_dict(), "experiment_run": str(replay_dir),

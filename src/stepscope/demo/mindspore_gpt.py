@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -146,8 +147,14 @@ def _batches(cfg: GPTConfig, tc: TrainConfig, seed: int, slow: bool
 def train(run_dir: Path, *, steps: int, seed: int = 0, slow_data: bool = False,
           on_step: Callable[[dict[str, float]], None] | None = None,
           cfg: GPTConfig | None = None, tc: TrainConfig | None = None,
-          profile_steps: tuple[int, int] | None = None) -> None:
-    """Train the demo GPT for ``steps`` steps in MindSpore, recording each into ``run_dir``."""
+          profile_steps: tuple[int, int] | None = None,
+          batches: list[tuple[ms.Tensor, ms.Tensor]] | None = None,
+          keep_batches: int = 0) -> list[tuple[ms.Tensor, ms.Tensor]]:
+    """Train the demo GPT for ``steps`` steps in MindSpore, recording each into ``run_dir``.
+
+    ``batches``: replay these in-memory batches instead of reading data (isolation run).
+    ``keep_batches``: return the first K batches seen (for a later replay run).
+    """
     cfg, tc = cfg or GPTConfig(), tc or TrainConfig()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
@@ -160,10 +167,14 @@ def train(run_dir: Path, *, steps: int, seed: int = 0, slow_data: bool = False,
     rec = msi.LoopRecorder(run_dir, network=net, optimizer=opt,
                            meta=_meta(cfg, tc, net, seed, steps, slow_data),
                            profile_steps=profile_steps)
+    source = (itertools.cycle(batches) if batches else _batches(cfg, tc, seed, slow_data))
+    kept: list[tuple[ms.Tensor, ms.Tensor]] = []
     try:
-        for i, (x, y) in enumerate(rec.wrap_loader(_batches(cfg, tc, seed, slow_data))):
+        for i, (x, y) in enumerate(rec.wrap_loader(source)):
             if i >= steps:
                 break
+            if len(kept) < keep_batches:
+                kept.append((x, y))
             with rec.step(x) as s:
                 with s.phase("forward_backward"):
                     loss, acc, grads = forward_backward(x, y)
@@ -179,3 +190,4 @@ def train(run_dir: Path, *, steps: int, seed: int = 0, slow_data: bool = False,
         rec.close(status="failed", error=f"{type(exc).__name__}: {exc}")
         raise
     rec.close()
+    return kept
