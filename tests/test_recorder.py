@@ -215,3 +215,18 @@ def test_tool_time_between_steps_is_attributed_not_lost(tmp_path: Path) -> None:
     assert table["step_time_s"].tolist() == [1.0, 3.0]
     assert math.isnan(table["tool_s"][0]) and table["tool_s"][1] == 2.0
     assert table["end_s"].tolist() == [1.0, 4.0]
+
+
+def test_rows_to_records_keeps_only_recorded_slots() -> None:
+    from stepscope._records import UNSET, rows_to_records
+
+    names = ["rank", "step", "step_time_s", "loss", "lr"]
+    rows = [[0, 0, 0.5, 2.0, UNSET], [0, 1, 0.25, float("nan"), UNSET],
+            [0, 2, 0.25, float("-inf"), 1e-3], [1, 0, "bad", 1.0, UNSET]]
+    assert rows_to_records(rows, names) == [
+        {"rank": 0, "step": 0, "step_time_s": 0.5, "loss": 2.0},
+        {"rank": 0, "step": 1, "step_time_s": 0.25, "loss": "NaN"},
+        {"rank": 0, "step": 2, "step_time_s": 0.25, "loss": "-Infinity", "lr": 1e-3},
+        {"rank": 1, "step": 0, "step_time_s": "NaN", "loss": 1.0},  # bad input -> NaN
+    ]
+    assert rows_to_records([], names) == []

@@ -39,7 +39,6 @@ import atexit
 import math
 import os
 import resource
-import sys
 import threading
 import time
 import warnings
@@ -50,18 +49,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-import numpy as np
-
-from .schema import STEP_COLUMN_NAMES, AnyArray, RunMeta
+from ._records import UNSET, encode_nonfinite, rows_to_records
+from .schema import STEP_COLUMN_NAMES, RunMeta
 from .store import RunDir, StepFileWriter, is_run_dir, utc_stamp
 
 __all__ = ["Recorder", "Step"]
 
 T = TypeVar("T")
 _NAN = math.nan
-# Marks a slot nothing was recorded in. Distinct from NaN so that a NaN the training
-# produced (loss=nan) is written as "NaN" and not confused with "not measured".
-_UNSET = -sys.float_info.max
+_UNSET = UNSET  # a slot nothing was recorded in (see _records)
 _MAX_EXTRA = 32
 _COL = {name: i for i, name in enumerate(STEP_COLUMN_NAMES)}
 _I_RANK, _I_STEP = _COL["rank"], _COL["step"]
@@ -353,7 +349,7 @@ class Recorder:
                 f = float(v)
             except (TypeError, ValueError):
                 continue
-            rec[k] = f if math.isfinite(f) else _encode_nonfinite(f)
+            rec[k] = f if math.isfinite(f) else encode_nonfinite(f)
         with self._late_lock:
             self._late.append(rec)
 
@@ -417,28 +413,7 @@ class Recorder:
                 rows.append(q.popleft())
             except IndexError:
                 break
-        out: list[dict[str, Any]] = []
-        if rows:
-            # Vectorised: find the columns used in this batch once, then build each
-            # record from those few columns only (a step touches ~12 of ~54 slots).
-            names = self._names
-            arr = _as_float_rows(rows)[:, : len(names)]
-            present = arr != _UNSET
-            cols = np.flatnonzero(present.any(axis=0))
-            keys = [names[c] for c in cols]
-            sub = arr[:, cols]
-            pres = present[:, cols]
-            finite = np.isfinite(sub)
-            if pres.all() and finite.all():
-                out = [dict(zip(keys, r, strict=True)) for r in sub.tolist()]
-            else:
-                out = [{k: (v if f else _encode_nonfinite(v))
-                        for k, v, p, f in zip(keys, r, ps, fs, strict=True) if p}
-                       for r, ps, fs in zip(sub.tolist(), pres.tolist(), finite.tolist(),
-                                            strict=True)]
-            for rec in out:  # identity columns are integers in the file
-                rec["rank"] = int(rec["rank"])
-                rec["step"] = int(rec["step"])
+        out = rows_to_records(rows, self._names)
         with self._late_lock:
             late, self._late = self._late, []
         out.extend(late)
@@ -497,25 +472,6 @@ def _rusage() -> tuple[float, float]:
     """(CPU seconds, involuntary context switches) of this process, all threads."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime, float(r.ru_nivcsw)
-
-
-def _encode_nonfinite(v: float) -> str:
-    """JSON has no NaN/inf: write them as the strings readers map back (store.py)."""
-    return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
-
-
-def _as_float_rows(rows: list[list[Any]]) -> AnyArray:
-    """Rows to a float64 matrix; values that are not numbers (bad user input) become NaN."""
-    try:
-        return np.asarray(rows, dtype=np.float64)
-    except (TypeError, ValueError):
-        def num(v: Any) -> float:
-            try:
-                return float(v)
-            except (TypeError, ValueError):
-                return _NAN
-
-        return np.asarray([[num(v) for v in r] for r in rows], dtype=np.float64)
 
 
 _LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()
