@@ -76,7 +76,7 @@ class PhaseClock:
         self.probe, mem_source = memory_probe(device)
         try:
             rec.run.update_meta(environment={"mem_source": mem_source})
-        except Exception:
+        except Exception:  # measuring must never break training
             pass
 
     def step_begin(self) -> None:
@@ -103,7 +103,7 @@ class PhaseClock:
         try:
             self.losses.append(float(value.detach()) if hasattr(value, "detach")
                                else float(value))
-        except Exception:
+        except Exception:  # measuring must never break training
             pass
 
     def _phase(self, name: str) -> None:

@@ -225,7 +225,7 @@ def _misc_hooks(st: AutoState) -> None:
     def manual_seed(seed: Any) -> Any:
         try:
             _torch_meta._SEED.append(int(seed))
-        except Exception:
+        except Exception:  # measuring must never break training
             pass
         return orig_seed(seed)
 
@@ -326,7 +326,7 @@ def _exit_hooks(st: AutoState) -> None:
     def excepthook(et: Any, e: Any, tb: Any) -> None:
         try:
             st.close("failed", f"{et.__name__}: {e}")
-        except Exception:
+        except Exception:  # measuring must never break training
             pass
         prev(et, e, tb)
 
@@ -335,7 +335,7 @@ def _exit_hooks(st: AutoState) -> None:
     def at_exit() -> None:
         try:
             st.close("finished", None)
-        except Exception:
+        except Exception:  # measuring must never break training
             pass
 
     atexit.register(at_exit)

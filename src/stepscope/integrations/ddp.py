@@ -280,7 +280,7 @@ def timed_comm_hook(timer: CommTimer, inner: Callable[[Any, Any], Any] | None = 
         def done(f: Any) -> Any:
             try:
                 timer.end(item)
-            except Exception:
+            except Exception:  # measuring must never break training
                 pass
             return f.value()
 
@@ -318,7 +318,7 @@ def _wrap_collective(orig: Callable[..., Any], kind: str, timer: CommTimer
                 timer.end(item)
             else:
                 work.get_future().then(lambda f: timer.end(item))
-        except Exception:
+        except Exception:  # measuring must never break training
             pass
         return work
 

@@ -205,7 +205,7 @@ def _remove_finder() -> None:
 def _warn(message: str) -> None:
     try:
         sys.stderr.write(f"stepscope: {message}\n")
-    except Exception:
+    except Exception:  # measuring must never break training
         pass
 
 
