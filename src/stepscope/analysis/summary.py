@@ -36,7 +36,7 @@ import numpy as np
 
 from ..schema import AnyArray, RunMeta, StepTable
 
-__all__ = ["Sheet", "summarize", "steady_mask", "WARMUP_SLOW_FACTOR", "WARMUP_MAX_FRAC"]
+__all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "WARMUP_SLOW_FACTOR", "WARMUP_MAX_FRAC"]
 
 # Leading steps slower than this factor x the median of the remaining steps are warm-up.
 WARMUP_SLOW_FACTOR = 1.5
@@ -87,6 +87,19 @@ def _nan_to_none(x: float) -> float | None:
 
 
 @dataclass
+class RankLine:
+    """One rank's steady-state line of the sheet (fractions 0..1; None = not measured)."""
+
+    rank: int
+    steps: int
+    step_time_s: float | None
+    tokens_per_s: float | None
+    data_wait_frac: float | None
+    comm_frac: float | None
+    compute_frac: float | None
+
+
+@dataclass
 class Sheet:
     """One run's health-check sheet. Fractions are 0..1; None = not measured."""
 
@@ -117,6 +130,7 @@ class Sheet:
     phase_source: str
     skipped_records: int = 0
     notes: list[str] = field(default_factory=list)
+    per_rank: list[RankLine] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -182,6 +196,25 @@ def _mfu(tokens_per_s: float | None, meta: RunMeta | None, ranks: int
     return mfu, hfu, f"{conv}; peak {float(peak) / 1e12:.3g} TFLOP/s per device ({src})"
 
 
+def _rank_lines(steady: StepTable) -> list[RankLine]:
+    """Per-rank medians and shares; compute = forward + backward (+ fused) + optimizer."""
+    out = []
+    for r in steady.ranks():
+        part = steady.rank(r)
+        st = part["step_time_s"][np.isfinite(part["step_time_s"])]
+        total = float(st.sum()) if st.size else 0.0
+        comp = [c for c in ("forward_s", "backward_s", "forward_backward_s", "optimizer_s")
+                if part.has_data(c)]
+        compute = (float(sum(np.nansum(part[c]) for c in comp)) / total
+                   if comp and total > 0 else None)
+        out.append(RankLine(
+            rank=r, steps=len(part), step_time_s=float(np.median(st)) if st.size else None,
+            tokens_per_s=_throughput(part, "tokens"),
+            data_wait_frac=_share(part, "data_wait_s", total),
+            comm_frac=_share(part, "comm_s", total), compute_frac=compute))
+    return out
+
+
 def _loss_stats(table: StepTable) -> tuple[float | None, float | None, float | None]:
     if not table.has_data("loss"):
         return None, None, None
@@ -230,4 +263,5 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
         comm_exposed_frac=_share(steady, "comm_exposed_s", total),
         phase_frac=phase_frac, phase_source=phase_source,
         skipped_records=int(skipped_records), notes=notes,
+        per_rank=_rank_lines(steady) if ranks > 1 else [],
     )

@@ -90,6 +90,21 @@ def _split(s: Sheet) -> str:
             f"<p class=dim>{_e(s.phase_source)}</p>")
 
 
+def _ranks(s: Sheet) -> str:
+    if not s.per_rank:
+        return ""
+    rows = "".join(
+        f"<tr><td>{x.rank}</td><td class=v>{_e(fmt_num(x.step_time_s, 's'))}</td>"
+        f"<td class=v>{_e(fmt_num(x.tokens_per_s))}</td>"
+        f"<td class=v>{_e(fmt_pct(x.data_wait_frac))}</td>"
+        f"<td class=v>{_e(fmt_pct(x.comm_frac))}</td>"
+        f"<td class=v>{_e(fmt_pct(x.compute_frac))}</td></tr>"
+        for x in sorted(s.per_rank, key=lambda x: -(x.step_time_s or 0.0)))
+    return ("<h2>Ranks (steady state), slowest first</h2><table><tr><th>rank</th>"
+            "<th>step time</th><th>tokens/s</th><th>data wait</th><th>comm total</th>"
+            f"<th>compute</th></tr>{rows}</table>")
+
+
 def _findings(findings: Sequence[Finding]) -> str:
     if not findings:
         return "<p>No findings above info level.</p>"
@@ -180,7 +195,7 @@ def render_html(sheet: Sheet, meta: RunMeta | None, table: StepTable,
             f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>"
             f"<div class=sub>{_e(sub)}</div>{skipped}"
             f"<h2>Health-check sheet</h2>{_cards(sheet)}"
-            f"<h2>Where a step's time goes</h2>{_split(sheet)}"
+            f"<h2>Where a step's time goes</h2>{_split(sheet)}{_ranks(sheet)}"
             f"<h2>Findings</h2>{_findings(findings)}{extra}"
             f"<h2>Curves</h2>{_plots(table) if len(table) else ''}"
             f"<h2>Baseline fingerprint</h2>{_baseline(meta)}"

@@ -118,6 +118,24 @@ def _split_panel(s: Sheet) -> Group:
     return Group(phase_bar(s.phase_frac), legend, Text(s.phase_source, style="dim"))
 
 
+def _ranks_table(sheet: Sheet, limit: int = 16) -> Table:
+    """Per-rank lines, slowest first (at most ``limit``; the rest are summarised)."""
+    t = Table(title="Ranks (steady state), slowest first", title_justify="left",
+              box=None, header_style="bold", expand=False)
+    for col in ("rank", "step time", "tokens/s", "data wait", "comm total", "compute"):
+        t.add_column(col, justify="right")
+    lines = sorted(sheet.per_rank, key=lambda x: -(x.step_time_s or 0.0))
+    fastest = min((x.step_time_s for x in lines if x.step_time_s), default=None)
+    for x in lines[:limit]:
+        slow = (fastest and x.step_time_s and x.step_time_s > 1.05 * fastest)
+        t.add_row(Text(str(x.rank), style="bold yellow" if slow else ""),
+                  fmt_num(x.step_time_s, "s"), fmt_num(x.tokens_per_s),
+                  fmt_pct(x.data_wait_frac), fmt_pct(x.comm_frac), fmt_pct(x.compute_frac))
+    if len(lines) > limit:
+        t.add_row(f"+{len(lines) - limit}", "more ranks", "", "", "", "")
+    return t
+
+
 def _findings_table(findings: Sequence[Finding], limit: int) -> Table | Text:
     if not findings:
         return Text("No findings: nothing above info level.", style="green")
@@ -147,6 +165,7 @@ def render_sheet(console: Console, sheet: Sheet, meta: RunMeta | None,
         _layer_table("Efficiency — how fast?", _efficiency_rows(sheet)), Text(""),
         _layer_table("System — are resources fed?", _system_rows(sheet)), Text(""),
         Text("Where a step's time goes", style="bold"), _split_panel(sheet), Text(""),
+        *((_ranks_table(sheet), Text("")) if sheet.per_rank else ()),
         Text("Top findings", style="bold"), _findings_table(findings, limit), *extra,
     )
     console.print(Panel(body, title=escape(title), title_align="left", expand=False))

@@ -1,0 +1,80 @@
+"""The sheet's arithmetic on hand-built tables: every number below is computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from stepscope.analysis.summary import steady_mask, summarize
+from stepscope.schema import RunMeta, StepTable
+
+
+def _table(**cols: list[float]) -> StepTable:
+    n = len(next(iter(cols.values())))
+    base: dict[str, list[float]] = {"rank": [0] * n, "step": list(range(n))}
+    base.update(cols)
+    return StepTable.from_columns(base)
+
+
+def test_warmup_is_the_first_step_and_leading_slow_steps_capped_at_20pct() -> None:
+    t = _table(step_time_s=[9.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    # step 0 always; step 1 is > 1.5x the median of the rest (1.0); cap = 20% of 10 = 2
+    assert steady_mask(t).tolist() == [False, False] + [True] * 8
+    t = _table(step_time_s=[9.0, 5.0, 5.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    assert steady_mask(t).sum() == 8  # the cap stops at 2 warm-up steps
+
+
+def test_throughput_is_summed_over_ranks_and_excludes_warmup() -> None:
+    t = StepTable.from_columns({
+        "rank": [0, 0, 0, 1, 1, 1], "step": [0, 1, 2, 0, 1, 2],
+        "step_time_s": [5.0, 1.0, 1.0, 5.0, 2.0, 2.0],
+        "tokens": [100.0] * 6, "samples": [4.0] * 6,
+    })
+    s = summarize(t)
+    # rank 0: 200 tokens / 2 s = 100/s; rank 1: 200 / 4 s = 50/s; warm-up step 0 excluded
+    assert s.tokens_per_s == pytest.approx(150.0)
+    assert s.samples_per_s == pytest.approx(6.0)
+    assert (s.steps, s.ranks, s.warmup_steps) == (3, 2, 2)
+    assert s.step_time_s == pytest.approx(1.5)  # median of 1, 1, 2, 2
+    lines = {x.rank: x for x in s.per_rank}
+    assert lines[0].tokens_per_s == pytest.approx(100.0)
+    assert lines[1].step_time_s == pytest.approx(2.0)
+
+
+def test_phase_split_uses_synced_rows_and_other_is_the_rest() -> None:
+    t = _table(step_time_s=[3.0, 1.0, 1.0, 1.0], data_wait_s=[0.0, 0.1, 0.5, 0.1],
+               forward_s=[1.0, 0.2, 0.1, 0.3], backward_s=[1.0, 0.4, 0.1, 0.4],
+               optimizer_s=[1.0, 0.1, 0.1, 0.1], synced=[1.0, 1.0, 0.0, 1.0])
+    s = summarize(t)
+    # steady rows 1..3, synced ones: 1 and 3 (2 s of step time)
+    assert s.phase_frac == pytest.approx({"data_wait": 0.1, "forward": 0.25,
+                                          "backward": 0.4, "optimizer": 0.1, "other": 0.15})
+    assert s.phase_source == "device-synced steps (2 of 3)"
+    # the data-wait share of the sheet uses every steady row: 0.7 s of 3 s
+    assert s.data_wait_frac == pytest.approx(0.7 / 3.0)
+
+
+def test_mfu_and_hfu_from_run_metadata() -> None:
+    t = _table(step_time_s=[2.0, 1.0, 1.0], tokens=[1000.0] * 3)
+    meta = RunMeta(run_id="x", baseline={"num_devices": 2},
+                   environment={"flops_per_token": 6e6, "hardware_flops_per_token": 8e6,
+                                "peak_flops_per_device": 1e10, "flops_convention": "palm",
+                                "peak_flops_source": "test"})
+    s = summarize(t, meta)
+    # 1000 tokens/s x 6e6 FLOPs / (2 devices x 1e10 FLOP/s) = 0.3
+    assert s.mfu == pytest.approx(0.3) and s.hfu == pytest.approx(0.4)
+    assert "palm" in s.mfu_note
+    s = summarize(t, RunMeta(run_id="x", environment={"flops_per_token": 6e6}))
+    assert s.mfu is None and "peak" in s.mfu_note
+
+
+def test_loss_perplexity_and_missing_layers() -> None:
+    t = _table(step_time_s=[1.0, 1.0, 1.0], loss=[math.nan, 3.0, 2.0])
+    s = summarize(t)
+    assert (s.loss_first, s.loss_last, s.loss_min) == (3.0, 2.0, 2.0)
+    assert s.perplexity == pytest.approx(math.exp(2.0))
+    assert s.mem_peak_bytes is None and s.comm_frac is None and s.tokens_per_s is None
+    assert s.per_rank == []  # single rank: no per-rank table
+    assert np.isfinite(s.step_time_s)
