@@ -220,13 +220,33 @@ def test_tool_time_between_steps_is_attributed_not_lost(tmp_path: Path) -> None:
 def test_rows_to_records_keeps_only_recorded_slots() -> None:
     from stepscope._records import UNSET, rows_to_records
 
-    names = ["rank", "step", "step_time_s", "loss", "lr"]
-    rows = [[0, 0, 0.5, 2.0, UNSET], [0, 1, 0.25, float("nan"), UNSET],
-            [0, 2, 0.25, float("-inf"), 1e-3], [1, 0, "bad", 1.0, UNSET]]
+    names = ["rank", "step", "step_time_s", "loss", "lr", "my_metric"]
+    nan = float("nan")
+    rows = [[0, 0, 0.5, 2.0, UNSET, UNSET], [0, 1, 0.25, nan, nan, nan],
+            [0, 2, 0.25, float("-inf"), 1e-3, 1.0], [1, 0, "bad", 1.0, UNSET, UNSET]]
     assert rows_to_records(rows, names) == [
         {"rank": 0, "step": 0, "step_time_s": 0.5, "loss": 2.0},
-        {"rank": 0, "step": 1, "step_time_s": 0.25, "loss": "NaN"},
-        {"rank": 0, "step": 2, "step_time_s": 0.25, "loss": "-Infinity", "lr": 1e-3},
-        {"rank": 1, "step": 0, "step_time_s": "NaN", "loss": 1.0},  # bad input -> NaN
+        # a NaN loss or user metric is a NaN; a NaN lr only means "not known"
+        {"rank": 0, "step": 1, "step_time_s": 0.25, "loss": "NaN", "my_metric": "NaN"},
+        {"rank": 0, "step": 2, "step_time_s": 0.25, "loss": "-Infinity", "lr": 1e-3,
+         "my_metric": 1.0},
+        {"rank": 1, "step": 0, "loss": 1.0},  # a value that is not a number: not recorded
     ]
     assert rows_to_records([], names) == []
+
+
+def test_unknown_passed_as_nan_is_not_recorded_as_a_nan(tmp_path: Path) -> None:
+    """Adapters pass NaN for "could not count": only loss-like columns keep a NaN."""
+    nan = float("nan")
+    rec = Recorder(tmp_path / "run", background=False)
+    for _ in range(2):
+        with rec.step(tokens=nan, samples=nan) as s:
+            s.log(lr=nan, loss_scale=nan, mem_peak_bytes=nan, loss=1.0)
+    rec.log(lr=nan, grad_norm=nan)  # late record: grad_norm NaN is real, lr NaN is unknown
+    rec.close()
+    raw = (tmp_path / "run" / "steps" / "rank-00000.jsonl").read_text()
+    assert raw.count('"NaN"') == 1 and '"grad_norm":"NaN"' in raw
+    table, _ = RunDir.open(tmp_path / "run").read_steps()
+    assert not [c for c in table.columns if c.endswith("_nan") and c != "grad_norm_nan"]
+    assert table["grad_norm_nan"].tolist() == [0.0, 1.0]
+    assert not table.has_data("tokens") and not table.has_data("lr")

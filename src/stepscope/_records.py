@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .schema import AnyArray
+from .schema import NAN_MEANS_MISSING, AnyArray
 
-__all__ = ["UNSET", "rows_to_records", "encode_nonfinite"]
+__all__ = ["UNSET", "rows_to_records", "encode_nonfinite", "encode_value"]
 
 # Marks a slot nothing was recorded in. Distinct from NaN so that a NaN the training
 # produced (loss=nan) is written as "NaN" and not confused with "not measured".
@@ -33,8 +33,22 @@ def encode_nonfinite(v: float) -> str:
     return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
 
 
+def encode_value(name: str, value: Any) -> float | str | None:
+    """One value as written: None when it is not recorded (not a number, or a NaN in a
+    column where NaN only means "not known"), else the float or its non-finite string."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    if math.isfinite(f):
+        return f
+    if f != f and name in NAN_MEANS_MISSING:
+        return None
+    return encode_nonfinite(f)
+
+
 def _as_float_rows(rows: Sequence[Sequence[Any]]) -> AnyArray:
-    """Rows to a float64 matrix; values that are not numbers (bad user input) become NaN."""
+    """Rows to a float64 matrix; values that are not numbers (bad input) become UNSET."""
     try:
         return np.asarray(rows, dtype=np.float64)
     except (TypeError, ValueError):
@@ -42,7 +56,7 @@ def _as_float_rows(rows: Sequence[Sequence[Any]]) -> AnyArray:
             try:
                 return float(v)
             except (TypeError, ValueError):
-                return math.nan
+                return UNSET
 
         return np.asarray([[num(v) for v in r] for r in rows], dtype=np.float64)
 
@@ -53,12 +67,14 @@ def rows_to_records(rows: Sequence[Sequence[Any]], names: Sequence[str]
 
     Vectorised: the columns used in the batch are found once, then each record is built
     from those few columns only (a step touches ~12 of ~54 slots). ``rank`` and ``step``
-    are written as integers, non-finite values as "NaN"/"Infinity"/"-Infinity".
+    are written as integers, non-finite values as "NaN"/"Infinity"/"-Infinity" -- except a
+    NaN in a column of ``NAN_MEANS_MISSING``, which is left out as not recorded.
     """
     if not rows:
         return []
     arr = _as_float_rows(rows)[:, : len(names)]
-    present = arr != UNSET
+    missing_if_nan = np.array([n in NAN_MEANS_MISSING for n in names])
+    present = (arr != UNSET) & ~(np.isnan(arr) & missing_if_nan)
     cols = np.flatnonzero(present.any(axis=0))
     keys = [names[c] for c in cols]
     sub = arr[:, cols]

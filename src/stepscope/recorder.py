@@ -49,7 +49,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._records import UNSET, encode_nonfinite, rows_to_records
+from ._records import UNSET, encode_value, rows_to_records
 from .schema import STEP_COLUMN_NAMES, RunMeta
 from .store import RunDir, StepFileWriter, is_run_dir, utc_stamp
 
@@ -182,7 +182,6 @@ class Recorder:
         self._writer = StepFileWriter(self.run.steps_path(self.rank))
         self._ncols = len(STEP_COLUMN_NAMES) + _MAX_EXTRA
         self._names: list[str] = list(STEP_COLUMN_NAMES)
-        self._extra: dict[str, int] = {}
         self._colmap: dict[str, int] = dict(_COL)  # name -> slot, extras added on first use
         # Closed rows are appended here by the training thread and popped by the writer;
         # deque.append/popleft are atomic, so no lock is taken on the hot path.
@@ -345,25 +344,21 @@ class Recorder:
             return
         rec: dict[str, Any] = {"rank": self.rank, "step": self._next_step - 1}
         for k, v in values.items():
-            try:
-                f = float(v)
-            except (TypeError, ValueError):
-                continue
-            rec[k] = f if math.isfinite(f) else encode_nonfinite(f)
+            enc = encode_value(k, v)
+            if enc is not None:
+                rec[k] = enc
         with self._late_lock:
             self._late.append(rec)
 
     def _extra_col(self, name: str) -> int:
-        col = self._extra.get(name)
+        col = self._colmap.get(name)
         if col is None:
-            if len(self._extra) >= _MAX_EXTRA:
+            if len(self._names) - len(STEP_COLUMN_NAMES) >= _MAX_EXTRA:
                 warnings.warn(f"stepscope: more than {_MAX_EXTRA} extra metrics; "
                               f"dropping {name!r}", RuntimeWarning, stacklevel=3)
-                self._extra[name] = self._colmap[name] = -1
+                self._colmap[name] = -1
                 return -1
-            col = len(STEP_COLUMN_NAMES) + len(self._extra)
-            self._extra[name] = col
-            self._colmap[name] = col
+            col = self._colmap[name] = len(self._names)
             self._names.append(name)
         return col
 
@@ -399,7 +394,7 @@ class Recorder:
 
     def open_value(self, name: str) -> float:
         """A column's value in the open step so far (NaN when unset or no step is open)."""
-        col = _COL.get(name, self._extra.get(name, -1))
+        col = self._colmap.get(name, -1)
         if not self._open or col < 0 or self._row[col] == _UNSET:
             return _NAN
         return float(self._row[col])

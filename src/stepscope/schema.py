@@ -32,6 +32,8 @@ __all__ = [
     "Column",
     "STEP_COLUMNS",
     "STEP_COLUMN_NAMES",
+    "NAN_MEANINGFUL",
+    "NAN_MEANS_MISSING",
     "PHASES",
     "StepTable",
     "EVENT_KINDS",
@@ -88,6 +90,11 @@ STEP_COLUMNS: tuple[Column, ...] = (
            "(profiler start/stop, cross-rank gathers): rules never blame training for it"),
 )
 STEP_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in STEP_COLUMNS)
+# Columns where the training itself can produce a NaN (a diverged loss, a NaN gradient).
+# Everywhere else -- counts, times, lr, loss scale, memory -- NaN can only mean "not known",
+# and writers treat it as not recorded. User metrics (extra columns) keep their NaNs.
+NAN_MEANINGFUL: frozenset[str] = frozenset({"loss", "accuracy", "grad_norm"})
+NAN_MEANS_MISSING: frozenset[str] = frozenset(STEP_COLUMN_NAMES) - NAN_MEANINGFUL
 _STEP_DTYPES = {c.name: c.dtype for c in STEP_COLUMNS}
 
 # Named phases of a step, in display order. "other" = step_time_s minus the rest.
