@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import platform
 from dataclasses import dataclass
 from typing import Any
 
 from . import data
 
-__all__ = ["GPTConfig", "TrainConfig", "lr_at", "model_flops"]
+__all__ = ["GPTConfig", "TrainConfig", "lr_at", "model_flops", "baseline"]
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,21 @@ def model_flops(cfg: GPTConfig, n_params: int) -> dict[str, Any]:
     return {"flops_per_token": est.flops_per_token,
             "hardware_flops_per_token": est.hardware_flops_per_token,
             "flops_convention": est.convention}
+
+
+def baseline(cfg: GPTConfig, tc: TrainConfig, seed: int) -> dict[str, Any]:
+    """The demo's baseline fingerprint (run.json), the same for both frameworks; the
+    adapter adds what it reads off the model (parameter count, structure hash)."""
+    return {
+        "model_name": "stepscope-demo-gpt", "num_layers": cfg.n_layer,
+        "hidden_size": cfg.d_model, "num_heads": cfg.n_head, "seq_len": cfg.seq_len,
+        "vocab_size": cfg.vocab_size, "dataset": "python-stdlib-sources",
+        "dataset_version": f"python-{platform.python_version()}",
+        "packing": "random windows", "shuffle": True, "num_devices": 1,
+        "device_kind": "cpu", "parallel_strategy": "single", "dp": 1, "tp": 1, "pp": 1,
+        "zero_stage": 0, "global_batch": tc.batch_size, "micro_batch": tc.batch_size,
+        "grad_accum": 1, "optimizer": "adamw", "lr": tc.lr,
+        "warmup_steps": tc.warmup_steps, "lr_schedule": "linear warmup + cosine to 10%",
+        "weight_decay": tc.weight_decay, "precision": "fp32", "recompute": "none",
+        "seed": seed,
+    }

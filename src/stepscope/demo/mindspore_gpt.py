@@ -31,7 +31,7 @@ from mindspore import nn, ops
 
 from ..integrations import mindspore as msi
 from . import data
-from .config import GPTConfig, TrainConfig, lr_at, model_flops
+from .config import GPTConfig, TrainConfig, baseline, lr_at, model_flops
 
 __all__ = ["GPTConfig", "TrainConfig", "GPT", "train"]
 
@@ -90,22 +90,11 @@ class GPT(nn.Cell):  # type: ignore[misc]
 def _meta(cfg: GPTConfig, tc: TrainConfig, net: GPT, seed: int, steps: int,
           slow: bool) -> dict[str, Any]:
     fp = msi.model_fingerprint(net)
-    baseline = {
-        **fp, "model_name": "stepscope-demo-gpt", "num_layers": cfg.n_layer,
-        "hidden_size": cfg.d_model, "num_heads": cfg.n_head, "seq_len": cfg.seq_len,
-        "vocab_size": cfg.vocab_size, "dataset": "python-stdlib-sources",
-        "dataset_version": f"python-{__import__('platform').python_version()}",
-        "packing": "random windows", "shuffle": True, "num_devices": 1,
-        "device_kind": "cpu", "parallel_strategy": "single", "dp": 1, "tp": 1, "pp": 1,
-        "zero_stage": 0, "global_batch": tc.batch_size, "micro_batch": tc.batch_size,
-        "grad_accum": 1, "optimizer": "adamw", "lr": tc.lr, "warmup_steps": tc.warmup_steps,
-        "lr_schedule": "linear warmup + cosine to 10%", "weight_decay": tc.weight_decay,
-        "precision": "fp32", "recompute": "none", "seed": seed,
-    }
+    fingerprint = {**fp, **baseline(cfg, tc, seed)}  # the demo names its model
     env: dict[str, Any] = model_flops(cfg, fp["num_params"])
     config = {"demo": {"model": asdict(cfg), "train": asdict(tc), "steps": steps,
                        "slow_data": slow, "framework": "mindspore"}}
-    return {"name": "demo-mindspore", "baseline": baseline, "environment": env,
+    return {"name": "demo-mindspore", "baseline": fingerprint, "environment": env,
             "config": config}
 
 

@@ -26,7 +26,7 @@ from torch import nn
 from .. import Recorder
 from ..integrations import torch as sst
 from . import data
-from .config import GPTConfig, TrainConfig, lr_at, model_flops
+from .config import GPTConfig, TrainConfig, baseline, lr_at, model_flops
 
 __all__ = ["GPTConfig", "GPT", "TrainConfig", "train", "model_flops"]
 
@@ -102,32 +102,17 @@ def replay(batches: list[tuple[torch.Tensor, torch.Tensor]]
 def _meta(cfg: GPTConfig, tc: TrainConfig, model: GPT, seed: int, steps: int,
           slow: bool, extra: dict[str, Any]) -> dict[str, Any]:
     fp = sst.model_fingerprint(model)
-    baseline = {
-        **fp, "model_name": "stepscope-demo-gpt", "num_layers": cfg.n_layer,
-        "hidden_size": cfg.d_model, "num_heads": cfg.n_head, "seq_len": cfg.seq_len,
-        "vocab_size": cfg.vocab_size, "dataset": "python-stdlib-sources",
-        "dataset_version": f"python-{__import__('platform').python_version()}",
-        "packing": "random windows", "shuffle": True, "num_devices": 1,
-        "device_kind": "cpu", "parallel_strategy": "single", "dp": 1, "tp": 1, "pp": 1,
-        "zero_stage": 0, "global_batch": tc.batch_size, "micro_batch": tc.batch_size,
-        "grad_accum": 1, "optimizer": "adamw", "lr": tc.lr,
-        "warmup_steps": tc.warmup_steps, "lr_schedule": "linear warmup + cosine to 10%",
-        "weight_decay": tc.weight_decay, "precision": "fp32", "recompute": "none",
-        "seed": seed,
-    }
+    fingerprint = {**fp, **baseline(cfg, tc, seed)}  # the demo names its model
     probe_label = sst.memory_probe("cpu")[1]
     env = {**sst.environment("cpu"), "mem_source": probe_label}
     peak, source = sst.peak_flops_for_device("cpu", "fp32")
     env["peak_flops_source"] = source
     if peak:
         env["peak_flops_per_device"] = peak
-    try:
-        env.update(model_flops(cfg, fp["num_params"]))
-    except ImportError:  # calculator not installed: MFU shows as unavailable
-        pass
+    env.update(model_flops(cfg, fp["num_params"]))
     config = {"demo": {"model": asdict(cfg), "train": asdict(tc), "steps": steps,
                        "slow_data": slow, **extra}}
-    return {"name": "demo", "baseline": baseline, "environment": env, "config": config}
+    return {"name": "demo", "baseline": fingerprint, "environment": env, "config": config}
 
 
 def train(run_dir: Path, *, steps: int, seed: int = 0, slow_data: bool = False,

@@ -182,11 +182,9 @@ def peak_flops_for_device(device: Any = None, dtype: str = "fp32"
     Uses the calculator's table (``stepscope.calc.hardware``). Returns ``(None, why)``
     when the device is unknown: MFU is then reported as unavailable, never guessed.
     """
+    from ..calc import hardware
+
     info = device_info(device)
-    try:
-        from ..calc import hardware
-    except ImportError:  # pragma: no cover - calc is part of the package
-        return None, "device peak table unavailable"
     if info["device_kind"] == "cpu":
         entry = hardware.host_cpu_peak(dtype, cores=info.get("cpu_threads"))
         if entry is None:
