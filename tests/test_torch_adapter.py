@@ -51,8 +51,14 @@ def test_environment_and_device() -> None:
     info = sst.device_info("cpu")
     assert info["device_kind"] == "cpu" and info["num_devices"] == 1
     assert sst.sync_fn("cpu") is None
+    from stepscope.calc import hardware
+
     peak, source = sst.peak_flops_for_device("cpu", "fp32")
-    assert (peak is None and "peak" in source) or (peak > 0 and source)
+    entry = hardware.host_cpu_peak("fp32", cores=torch.get_num_threads())
+    if entry is None:  # a CPU without a defensible figure: unavailable, never guessed
+        assert peak is None and "--peak-tflops" in source
+    else:
+        assert (peak, source) == (entry.flops, entry.source)
 
 
 def test_grad_scaler_scale_disabled_is_nan() -> None:
