@@ -55,8 +55,8 @@ STEPSCOPE_CHILD = PEAK_FN + r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from stepscope.traces import read_trace
-from stepscope.analysis.overlap import hta_temporal
-from stepscope.analysis.breakdown import analyze
+from stepscope.analysis.trace.overlap import hta_temporal
+from stepscope.analysis.trace.breakdown import analyze
 t_imp = time.perf_counter()
 tables = read_trace(sys.argv[1])
 many = len({n for t in tables for n in t.names if "ProfilerStep" in n}) > 1

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from compare_runs_support import Spec, train_interleaved
-from stepscope.analysis.compare import JSON_KEYS, Comparison, compare_runs
+from stepscope.analysis.compare.runs import JSON_KEYS, Comparison, compare_runs
 from stepscope.cli import main
 from stepscope.cli.compare import load_for_compare
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from markdown_it import MarkdownIt
 
-from stepscope.analysis.compare import batch_trap, compare_runs, diff_fingerprints
-from stepscope.analysis.quality_ledger import eval_record, quality_ledger
-from stepscope.analysis.scaling import scaling
-from stepscope.analysis.speed_ledger import speed_ledger
-from stepscope.analysis.speed_sample import step_sample
+from stepscope.analysis.compare.quality import eval_record, quality_ledger
+from stepscope.analysis.compare.runs import batch_trap, compare_runs, diff_fingerprints
+from stepscope.analysis.compare.sample import step_sample
+from stepscope.analysis.compare.scaling import scaling
+from stepscope.analysis.compare.speed import speed_ledger
 from stepscope.analysis.summary import summarize
 from stepscope.report.markdown_tables import comparison_markdown, md_table, scaling_markdown
 from stepscope.schema import RunMeta, StepTable

@@ -156,7 +156,7 @@ def test_trace_findings_from_a_report_dict() -> None:
 
 
 def test_trace_findings_on_a_real_trace(shared_data) -> None:  # type: ignore[no-untyped-def]
-    from stepscope.analysis.breakdown import analyze
+    from stepscope.analysis.trace.breakdown import analyze
     from stepscope.traces import read_trace
 
     report = analyze(read_trace(shared_data / "traces" / "kineto-cpu" / "ddp2_gloo_basic"))

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from stepscope.analysis.findings import Finding
-from stepscope.analysis.health import RULES, HealthConfig, check_health
-from stepscope.analysis.health_numerics import nonfinite_index
-from stepscope.analysis.health_stats import (
+from stepscope.analysis.health.check import RULES, HealthConfig, check_health
+from stepscope.analysis.health.numerics import nonfinite_index
+from stepscope.analysis.health.stats import (
     best_split,
     robust_sigma,
     runs_of,
     spearman,
     trailing_robust_z,
 )
-from stepscope.analysis.health_training import lr_restarts
+from stepscope.analysis.health.training import lr_restarts
 from stepscope.schema import RunMeta, StepTable
 
 N = 100
@@ -371,7 +371,7 @@ def test_non_finite_loss_on_a_skipped_step_is_overflow_not_nan() -> None:
 def test_recorded_nan_loss_is_read_exactly(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A NaN written by the recorder comes back flagged: certain, at its exact step."""
     from stepscope import Recorder, RunDir
-    from stepscope.analysis.health import check_health
+    from stepscope.analysis.health.check import check_health
 
     rec = Recorder(tmp_path / "run", background=False)
     for i in range(40):
@@ -386,7 +386,7 @@ def test_recorded_nan_loss_is_read_exactly(tmp_path) -> None:  # type: ignore[no
 
 
 def test_stall_rule_does_not_blame_training_for_stepscope_time() -> None:
-    from stepscope.analysis.health import check_health
+    from stepscope.analysis.health.check import check_health
     from stepscope.schema import StepTable
 
     n = 40

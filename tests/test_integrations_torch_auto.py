@@ -200,7 +200,7 @@ def test_grad_scaler_scale_overflow_and_unscaled_loss(tmp_path):
 
 
 def test_parse_steps_and_settings_from_env(monkeypatch):
-    from stepscope.integrations.torch_auto import Settings, parse_steps
+    from stepscope.integrations.torch.auto import Settings, parse_steps
 
     assert parse_steps("3:5") == (3, 5)
     assert parse_steps("7") == (7, 8)
@@ -221,7 +221,7 @@ def test_parse_steps_and_settings_from_env(monkeypatch):
 
 
 def test_replay_cycles_first_batches_and_ends_epoch():
-    from stepscope.integrations._torch_replay import Replay
+    from stepscope.integrations.torch.replay import Replay
 
     class It:  # the parts of _BaseDataLoaderIter that replay relies on
         def __init__(self, items):

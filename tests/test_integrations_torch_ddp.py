@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.integrations.ddp import (
+from stepscope.integrations.torch.ddp import (
     CommTimer,
     cross_rank_summary,
     exposed_after,
@@ -105,7 +105,7 @@ def test_summarize_comm_buckets_and_blocking_collectives():
     timer = CommTimer(clock=lambda: next(now), wall=lambda: 100.0)
     # host marks given directly: bucket 0 [1, 2], bucket 1 [3, 5] (last launch = 3),
     # a blocking all-gather [6, 6.5]
-    from stepscope.integrations.ddp import _Interval
+    from stepscope.integrations.torch.ddp import _Interval
 
     items = [_Interval("allreduce", 1.0, 2.0, bucket=0, start_wall=1.0, end_wall=2.0),
              _Interval("allreduce", 3.0, 5.0, bucket=1, start_wall=3.0, end_wall=5.0),
@@ -121,7 +121,7 @@ def test_summarize_comm_buckets_and_blocking_collectives():
 
 
 def test_cross_rank_summary_scores_and_split():
-    from stepscope.integrations.ddp import CROSS_FIELDS, MAX_BUCKETS
+    from stepscope.integrations.torch.ddp import CROSS_FIELDS, MAX_BUCKETS
 
     def row(compute, launch, done, host=1.0):
         pad = [math.nan] * MAX_BUCKETS

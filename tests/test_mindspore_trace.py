@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepscope.errors import TraceFormatError
-from stepscope.integrations.crossrank import cross_rank_event, straggler_scores, stragglers
-from stepscope.integrations.losscheck import LossWatch, find_loss
+from stepscope.integrations.common.crossrank import cross_rank_event, straggler_scores, stragglers
+from stepscope.integrations.common.losscheck import LossWatch, find_loss
 from stepscope.schema import EVENT_KINDS, EventTable
 from stepscope.traces import mindspore as msr
 from stepscope.traces.mindspore_phases import PHASE_NAMES, annotate, op_phase, phase_busy_us
@@ -292,7 +292,7 @@ def test_loss_watch() -> None:
 
 def test_step_session_with_exact_numbers(tmp_path: Path) -> None:
     """The framework-free per-step glue, with an injected clock, gather and memory probe."""
-    from stepscope.integrations.session import StepSession
+    from stepscope.integrations.common.session import StepSession
     from stepscope.recorder import Recorder
     from stepscope.store import RunDir
 

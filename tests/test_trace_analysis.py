@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.analysis import intervals as iv
-from stepscope.analysis.breakdown import NO_COMM_MESSAGE, analyze, parse_steps
-from stepscope.analysis.tracediff import diff_reports
+from stepscope.analysis.trace import intervals as iv
+from stepscope.analysis.trace.breakdown import NO_COMM_MESSAGE, analyze, parse_steps
+from stepscope.analysis.trace.diff import diff_reports
 from stepscope.errors import ConfigError
 from stepscope.traces import read_trace
 from trace_support import cpu_step_events, ev, thread_name, write_trace

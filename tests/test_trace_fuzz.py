@@ -12,7 +12,7 @@ import orjson
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from stepscope.analysis.breakdown import analyze
+from stepscope.analysis.trace.breakdown import analyze
 from stepscope.errors import TraceFormatError
 from stepscope.traces import kineto
 from trace_support import cpu_step_events, ev, thread_name

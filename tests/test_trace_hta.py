@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from stepscope.analysis.breakdown import analyze
-from stepscope.analysis.overlap import hta_temporal
+from stepscope.analysis.trace.breakdown import analyze
+from stepscope.analysis.trace.overlap import hta_temporal
 from stepscope.traces import read_trace
 
 KEYS = ("idle_pct", "compute_pct", "non_compute_pct", "comm_comp_overlap_pct")

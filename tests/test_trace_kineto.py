@@ -117,7 +117,7 @@ def test_broken_files_name_the_file(tmp_path: Path) -> None:
 def test_cpu_fixture_numbers_from_its_readme(shared_data: Path) -> None:
     """../shared/data/traces/kineto-cpu/README.md lists a per-step breakdown (ms, union of
     intervals); the step rows reproduce it to 0.1 ms."""
-    from stepscope.analysis.breakdown import analyze
+    from stepscope.analysis.trace.breakdown import analyze
     report = analyze(read_trace(shared_data / "traces/kineto-cpu/ddp2_gloo_full"))
     readme = {  # (rank, step): dur, compute, comm, overlap, exposed comm, data, idle
         (0, 2): (1093.6, 989.7, 338.2, 300.4, 37.7, 30.9, 35.5),

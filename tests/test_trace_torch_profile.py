@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stepscope.analysis.breakdown import analyze  # noqa: E402
+from stepscope.analysis.trace.breakdown import analyze  # noqa: E402
 from stepscope.traces import read_trace  # noqa: E402
 
 PHASES = ("data", "forward", "backward", "optimizer")

@@ -62,14 +62,14 @@ _LAZY = {
     "diagnose": ("stepscope.analysis.diagnose", "diagnose"),
     "compare_runs": ("stepscope.analysis.compare", "compare_runs"),
     "read_trace": ("stepscope.traces", "read_trace"),
-    "analyze_trace": ("stepscope.analysis.breakdown", "analyze"),
+    "analyze_trace": ("stepscope.analysis.trace.breakdown", "analyze"),
 }
 
 if TYPE_CHECKING:
-    from .analysis.breakdown import analyze as analyze_trace
-    from .analysis.compare import compare_runs
+    from .analysis.compare.runs import compare_runs
     from .analysis.diagnose import diagnose
     from .analysis.summary import summarize
+    from .analysis.trace.breakdown import analyze as analyze_trace
     from .traces import read_trace
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from .analysis.quality_ledger import latest_evals
+from .analysis.compare.quality import latest_evals
 from .analysis.summary import summarize
 from .errors import ConfigError, RunDirError, StepscopeError
 from .schema import BASELINE_FIELDS

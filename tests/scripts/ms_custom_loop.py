@@ -20,7 +20,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import amp, nn
 
-from stepscope.integrations.mindspore import LoopRecorder
+from stepscope.integrations.mindspore.callback import LoopRecorder
 
 VOCAB, SEQ, D, BATCH = 64, 16, 32, 4
 STRAGGLER_SLEEP_S = 0.1

@@ -22,7 +22,7 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Callback, FixedLossScaleManager, Model
 
-from stepscope.integrations.mindspore import StepscopeCallback
+from stepscope.integrations.mindspore.callback import StepscopeCallback
 
 VOCAB, SEQ, D, BATCH = 64, 16, 32, 4
 

@@ -26,7 +26,7 @@ import numpy as np
 from ..schema import RunMeta, StepTable
 from .advice import Advice, advise
 from .findings import CATEGORIES, Finding, severity_rank
-from .health import HealthConfig, check_health
+from .health.check import HealthConfig, check_health
 from .isolation import ISOLATION_EVENT, IsolationResult, isolation_finding
 from .summary import steady_mask
 

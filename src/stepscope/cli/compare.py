@@ -18,9 +18,9 @@ from typing import Any
 import click
 from rich.console import Console
 
-from ..analysis.compare import Comparison, compare_runs, diff_fingerprints
-from ..analysis.quality_ledger import eval_record
-from ..analysis.scaling import scaling
+from ..analysis.compare.quality import eval_record
+from ..analysis.compare.runs import Comparison, compare_runs, diff_fingerprints
+from ..analysis.compare.scaling import scaling
 from ..errors import ConfigError, StepscopeError
 from ..index import INDEX_FILE, best_config, build_index, query_index
 from ..schema import RunMeta, StepTable

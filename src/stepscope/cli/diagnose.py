@@ -48,7 +48,7 @@ def _echo_json(obj: Any) -> None:
 def _trace_report(path: Path) -> Mapping[str, Any] | None:
     """Trace breakdown of ``path`` (file or directory), in the ``stepscope trace`` shape."""
     try:
-        breakdown: Any = importlib.import_module("stepscope.analysis.breakdown")
+        breakdown: Any = importlib.import_module("stepscope.analysis.trace.breakdown")
         traces: Any = importlib.import_module("stepscope.traces")
     except ImportError:
         click.echo("stepscope: note: trace analysis is not available; trace ignored",

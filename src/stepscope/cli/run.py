@@ -44,7 +44,7 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
     Works with `-- python train.py ...` and `-- torchrun ... train.py ...`; the script is
     not modified. Exits with the command's exit status.
     """
-    from ..integrations.launch import launch
+    from ..launch import launch
 
     env: dict[str, str] = {}
     if max_steps:

@@ -18,8 +18,8 @@ import click
 import orjson
 from rich.console import Console
 
-from ..analysis.breakdown import analyze, parse_steps
-from ..analysis.tracediff import diff_reports
+from ..analysis.trace.breakdown import analyze, parse_steps
+from ..analysis.trace.diff import diff_reports
 from ..errors import RunDirError
 from ..report.trace_view import render_trace_diff, render_trace_report
 from ..schema import EventTable

@@ -36,8 +36,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from ..recorder import Recorder
-from . import torch_auto
-from ._callback_core import PhaseClock, default_run_dir, run_meta
+from .torch import auto as torch_auto
+from .torch.callback import PhaseClock, default_run_dir, run_meta
 
 __all__ = ["StepscopeCallback"]
 
@@ -147,7 +147,7 @@ class StepscopeCallback(TrainerCallback):
         try:
             groups = opt.param_groups
             self._lr = float(groups[0]["lr"])
-            from .torch import grad_norm
+            from .torch.probes import grad_norm
 
             self._norm = grad_norm(p for g in groups for p in g["params"])
         except Exception:

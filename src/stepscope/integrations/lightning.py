@@ -33,8 +33,8 @@ from typing import Any
 from lightning.pytorch import Callback
 
 from ..recorder import Recorder
-from . import torch_auto
-from ._callback_core import PhaseClock, default_run_dir, run_meta
+from .torch import auto as torch_auto
+from .torch.callback import PhaseClock, default_run_dir, run_meta
 
 __all__ = ["StepscopeCallback"]
 
@@ -100,7 +100,7 @@ class StepscopeCallback(Callback):
         if pc is None:
             return
         try:
-            from .torch import grad_norm
+            from .torch.probes import grad_norm
 
             groups = optimizer.param_groups
             self._lr = float(groups[0]["lr"])

@@ -19,8 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.compare import Comparison
-from ..analysis.scaling import ScalingResult
+from ..analysis.compare.runs import Comparison
+from ..analysis.compare.scaling import ScalingResult
 from .markdown_tables import INDEX_MD_COLUMNS, config_label, fmt_cell
 from .terminal import fmt_bytes, fmt_num, fmt_pct
 

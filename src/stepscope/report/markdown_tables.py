@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..analysis.compare import Comparison
-from ..analysis.scaling import ScalingResult
+from ..analysis.compare.runs import Comparison
+from ..analysis.compare.scaling import ScalingResult
 from .terminal import fmt_bytes, fmt_num, fmt_pct
 
 __all__ = ["md_table", "md_escape", "comparison_markdown", "index_markdown",

@@ -1,7 +1,7 @@
 """Trace breakdowns in the terminal (rich): per-step stacked bars, rank table, top ops, diff.
 
-Rendering only; the numbers come from :mod:`stepscope.analysis.breakdown` and
-:mod:`stepscope.analysis.tracediff`.
+Rendering only; the numbers come from :mod:`stepscope.analysis.trace.breakdown` and
+:mod:`stepscope.analysis.trace.diff`.
 
 Example::
 
@@ -16,9 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.breakdown import RankReport, TraceReport
-from ..analysis.steps import BAR_PHASES, StepRow
-from ..analysis.tracediff import TraceDiff
+from ..analysis.trace.breakdown import RankReport, TraceReport
+from ..analysis.trace.diff import TraceDiff
+from ..analysis.trace.steps import BAR_PHASES, StepRow
 
 __all__ = ["render_trace_report", "render_trace_diff", "BAR_STYLE"]
 

@@ -1,0 +1,273 @@
+"""Which steps a speed comparison uses, and the speed metrics computed over them.
+
+Which steps count: the steady-state steps of ``summary.steady_mask`` (warm-up excluded),
+minus outlier steps (a step whose slowest rank has a modified z-score of step time above
+3.5; Iglewicz & Hoaglin, "How to Detect and Handle Outliers", 1993; when more than half
+the steps are identical, MAD is 0 and 1.2533 x the mean absolute deviation stands in).
+Both exclusions are counted, never silent.
+
+The metrics use the formulas of ``summary.summarize`` (one definition of tokens/s, MFU and
+shares for every report): throughput is sum(tokens)/sum(step_time_s) per rank, summed over
+ranks; a share is sum(phase time)/sum(step time) over all rows; step time is the median of
+all rows. Each metric is a function of unit weights (how often each step, or block of
+steps, was drawn), so the point value (all weights 1), bootstrap replicates and split
+halves share one implementation.
+
+Example::
+
+    sample = step_sample(table, meta)
+    METRICS["tokens_per_s"].stat(sample, np.ones((1, sample.n_steps)))   # [tokens/s]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ...schema import RunMeta, StepTable
+from ..summary import steady_mask, summarize
+
+__all__ = ["StepSample", "step_sample", "MetricSpec", "METRICS", "Stat", "PerStep",
+           "split_half_rel", "spread_rel", "OUTLIER_Z", "CHUNK_FLOATS", "FloatArray"]
+
+# Modified z-score above which a step is an outlier (Iglewicz & Hoaglin 1993, sec. 3.2).
+OUTLIER_Z = 3.5
+# 0.6745 = the 0.75 quantile of the standard normal: makes MAD a consistent sigma estimate
+# (sigma = MAD / 0.6745 = 1.4826 x MAD for normal data).
+_MAD_Z = 0.6745
+_MAD_SIGMA = 1.0 / _MAD_Z
+# When MAD is 0, sigma = 1.2533 x mean absolute deviation (sqrt(pi/2), the normal-data
+# ratio of sigma to the mean absolute deviation), the usual fallback of the modified z.
+_MEANAD_SIGMA = 1.2533
+# Above this many rows (steps x ranks), the median bootstrap works on per-unit quantile
+# summaries of the rows instead of every row (stepscope's bound: ~1 s for 2000 replicates).
+_EXACT_MEDIAN_ROWS = 50_000
+# Bound on floats held at once by one chunk of bootstrap replicates.
+CHUNK_FLOATS = 4_000_000
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """Steady, non-outlier steps of one run as (units x ranks) matrices; 0 where absent.
+
+    A unit is one step, or (``blocked``) a block of consecutive steps whose columns are
+    summed. ``rows_sorted`` holds every present row's step time in ascending order and
+    ``rows_unit`` the unit of each, for medians under unit weights.
+    """
+
+    step_time: FloatArray
+    tokens: FloatArray
+    samples: FloatArray
+    data_wait: FloatArray
+    comm_exposed: FloatArray
+    present: npt.NDArray[np.bool_]
+    rows_sorted: FloatArray
+    rows_unit: npt.NDArray[np.int64]
+    rows_weight: FloatArray  # how many rows each entry stands for (1 unless thinned)
+    warmup_rows: int
+    outlier_steps: int
+    mfu_per_token_s: float | None  # summarize's MFU / tokens_per_s, None when unknown
+    mem_peak_bytes: float | None
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.step_time.shape[0])
+
+    def blocked(self, max_units: int) -> StepSample:
+        """Consecutive steps summed into at most ``max_units`` blocks (same totals)."""
+        n = self.n_steps
+        length = -(-n // max_units) if n > max_units else 1
+        if length == 1:
+            return self._thinned()
+        unit = np.arange(n) // length
+        starts = np.arange(0, n, length)
+
+        def agg(m: FloatArray) -> FloatArray:
+            return np.asarray(np.add.reduceat(m, starts, axis=0))
+
+        return dataclasses.replace(
+            self, step_time=agg(self.step_time), tokens=agg(self.tokens),
+            samples=agg(self.samples), data_wait=agg(self.data_wait),
+            comm_exposed=agg(self.comm_exposed),
+            present=np.add.reduceat(self.present, starts, axis=0) > 0,
+            rows_unit=unit[self.rows_unit])._thinned()
+
+    def _thinned(self) -> StepSample:
+        """Rows of each unit summarised by ``k`` evenly spaced quantiles when there are
+        more than ``_EXACT_MEDIAN_ROWS`` rows (many ranks): bounds the median bootstrap."""
+        n_units = self.n_steps
+        if self.rows_sorted.size <= _EXACT_MEDIAN_ROWS or not n_units:
+            return self
+        k = max(1, _EXACT_MEDIAN_ROWS // n_units)
+        order = np.lexsort((self.rows_sorted, self.rows_unit))  # by unit, then value
+        count = np.bincount(self.rows_unit, minlength=n_units)
+        start = np.concatenate(([0], np.cumsum(count)[:-1]))
+        has = np.flatnonzero(count)
+        pos = start[has, None] + ((np.arange(k) + 0.5) * count[has, None] / k).astype(np.int64)
+        vals = self.rows_sorted[order][pos].ravel()
+        units = np.repeat(has, k)
+        weight = np.repeat(count[has] / k, k).astype(np.float64)
+        by_value = np.argsort(vals, kind="stable")
+        return dataclasses.replace(self, rows_sorted=vals[by_value],
+                                   rows_unit=units[by_value], rows_weight=weight[by_value])
+
+
+def _outlier_steps(slowest: FloatArray) -> npt.NDArray[np.bool_]:
+    dev = np.abs(slowest - float(np.median(slowest)))
+    mad = float(np.median(dev))
+    if mad > 0:
+        sigma = mad / _MAD_Z
+    else:  # over half the steps identical: the mean absolute deviation stands in
+        sigma = _MEANAD_SIGMA * float(np.mean(dev))
+    if sigma <= 0:  # every step identical: nothing is an outlier
+        return np.zeros(slowest.shape, dtype=bool)
+    return np.asarray(dev / sigma > OUTLIER_Z)
+
+
+def _matrix(table: StepTable, col: str, step_pos: npt.NDArray[np.int64],
+            rank_pos: npt.NDArray[np.int64], shape: tuple[int, int]) -> FloatArray:
+    out = np.zeros(shape)
+    vals = table[col]
+    out[step_pos, rank_pos] = np.where(np.isfinite(vals), vals, 0.0)
+    return out
+
+
+def step_sample(table: StepTable, meta: RunMeta | None = None) -> StepSample:
+    """Steady-state, outlier-free steps of one run (pure; the table is not modified)."""
+    mask = steady_mask(table)
+    steady = table.select(mask) if mask.any() else table
+    steady = steady.select(np.isfinite(steady["step_time_s"]))
+    steps, step_pos = np.unique(steady["step"], return_inverse=True)
+    ranks, rank_pos = np.unique(steady["rank"], return_inverse=True)
+    shape = (len(steps), len(ranks))
+    cols = {c: _matrix(steady, c, step_pos, rank_pos, shape)
+            for c in ("step_time_s", "tokens", "samples", "data_wait_s", "comm_exposed_s")}
+    present = np.zeros(shape, dtype=bool)
+    present[step_pos, rank_pos] = True
+    out = _outlier_steps(cols["step_time_s"].max(axis=1)) if len(steps) else present[:, 0]
+    keep = ~out
+    t, p = cols["step_time_s"][keep], present[keep]
+    unit = np.nonzero(p)[0]
+    order = np.argsort(t[p], kind="stable")
+    sheet = summarize(table, meta)
+    factor = sheet.mfu / sheet.tokens_per_s if sheet.mfu and sheet.tokens_per_s else None
+    return StepSample(
+        step_time=t, tokens=cols["tokens"][keep],
+        samples=cols["samples"][keep], data_wait=cols["data_wait_s"][keep],
+        comm_exposed=cols["comm_exposed_s"][keep], present=p,
+        rows_sorted=t[p][order], rows_unit=unit[order].astype(np.int64),
+        rows_weight=np.ones(order.size),
+        warmup_rows=int(len(table) - mask.sum()) if mask.any() else 0,
+        outlier_steps=int(out.sum()), mfu_per_token_s=factor,
+        mem_peak_bytes=sheet.mem_peak_bytes,
+    )
+
+
+# -- statistics over unit weights --------------------------------------------------------
+# Each statistic maps (sample, weights) -> one value per replicate, where ``weights`` is a
+# (replicates x units) matrix of how often each unit was drawn (all ones: the point value).
+Stat = Callable[[StepSample, FloatArray], FloatArray]
+# Each per-step function gives the metric of every single step (for the spread).
+PerStep = Callable[[StepSample], FloatArray]
+
+
+def _throughput(col: str) -> tuple[Stat, PerStep]:
+    def ratio(num: FloatArray, den: FloatArray) -> FloatArray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            total = np.where(den > 0, num / den, 0.0).sum(axis=-1)
+        return np.asarray(np.where(total > 0, total, np.nan))
+
+    def stat(s: StepSample, w: FloatArray) -> FloatArray:
+        return ratio(w @ getattr(s, col), w @ s.step_time)
+
+    def per_step(s: StepSample) -> FloatArray:
+        return ratio(getattr(s, col), s.step_time)
+    return stat, per_step
+
+
+def _share(col: str) -> tuple[Stat, PerStep]:
+    def stat(s: StepSample, w: FloatArray) -> FloatArray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray((w @ getattr(s, col).sum(axis=1)) / (w @ s.step_time.sum(axis=1)))
+
+    def per_step(s: StepSample) -> FloatArray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(getattr(s, col).sum(axis=1) / s.step_time.sum(axis=1))
+    return stat, per_step
+
+
+def _median_stat(s: StepSample, w: FloatArray) -> FloatArray:
+    """Median of all kept rows, each row weighted by its unit's weight.
+
+    Sorted once; per replicate the median is where the cumulative weight crosses half
+    (the mean of the two middle rows when it lands exactly on half, as ``np.median``).
+    """
+    v = s.rows_sorted
+    if np.all(w == 1):
+        return np.full(w.shape[0], float(np.median(v)) if v.size else math.nan)
+    out = np.empty(w.shape[0])
+    chunk = max(1, CHUNK_FLOATS // max(1, v.size))
+    for lo in range(0, w.shape[0], chunk):
+        cw = np.cumsum(w[lo:lo + chunk][:, s.rows_unit] * s.rows_weight, axis=1)
+        half = cw[:, -1:] / 2.0
+        i_lo = np.argmax(cw >= half, axis=1)
+        i_hi = np.argmax(cw > half, axis=1)
+        out[lo:lo + chunk] = (v[i_lo] + v[i_hi]) / 2.0
+    return out
+
+
+def _median_per_step(s: StepSample) -> FloatArray:
+    with np.errstate(all="ignore"):
+        return np.asarray(np.nanmedian(np.where(s.present, s.step_time, np.nan), axis=1))
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A speed metric: its statistic, per-step form, better direction, needed column."""
+
+    stat: Stat
+    per_step: PerStep
+    better: str  # "lower" | "higher"
+    column: str  # StepSample field that must hold data
+
+
+METRICS: dict[str, MetricSpec] = {
+    "step_time_s": MetricSpec(_median_stat, _median_per_step, "lower", "step_time"),
+    "tokens_per_s": MetricSpec(*_throughput("tokens"), "higher", "tokens"),
+    "samples_per_s": MetricSpec(*_throughput("samples"), "higher", "samples"),
+    "mfu": MetricSpec(*_throughput("tokens"), "higher", "tokens"),
+    "comm_exposed_frac": MetricSpec(*_share("comm_exposed"), "lower", "comm_exposed"),
+    "data_wait_frac": MetricSpec(*_share("data_wait"), "lower", "data_wait"),
+}
+
+
+def split_half_rel(s: StepSample, stat: Stat) -> float:
+    """Drift: the metric on the first half of the steps vs the second, relative."""
+    n = s.n_steps
+    if n < 4:
+        return math.inf
+    w = np.zeros((2, n))
+    w[0, : n // 2] = 1.0
+    w[1, n // 2:] = 1.0
+    h = stat(s, w)
+    mean = float(np.mean(h))
+    return abs(float(h[0] - h[1])) / abs(mean) if mean else math.inf
+
+
+def spread_rel(s: StepSample, per_step: PerStep) -> float:
+    """Robust step-to-step spread of the metric: 1.4826 x MAD / median of per-step values."""
+    if s.n_steps < 4:
+        return math.inf
+    v = per_step(s)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return math.inf
+    med = float(np.median(v))
+    return _MAD_SIGMA * float(np.median(np.abs(v - med))) / abs(med) if med else math.inf

@@ -1,0 +1,245 @@
+"""The speed ledger of an A/B comparison: each speed metric with a noise-aware interval.
+
+Which steps count and how each metric is computed: ``speed_sample`` (warm-up and outlier
+steps excluded, the formulas of ``summary.summarize``); MFU is tokens/s times the run's own
+``summarize`` MFU-per-token/s factor.
+
+Uncertainty: a percentile bootstrap (Efron & Tibshirani 1993, ch. 13) over steps (a step
+keeps all its ranks' rows together), each run resampled independently, gives an interval
+for the relative difference B/A - 1. A difference counts only when that interval excludes
+zero AND the point difference is larger than the runs' own noise, the largest of:
+each run's step-to-step spread of the metric (robust sigma, 1.4826 x MAD, over the median),
+each run's split-half disagreement (the metric on the first half of the kept steps vs the
+second half: drift), and ``MIN_EFFECT_REL``. Why not the interval alone: it measures how
+well the medians are known, not how much two launches of one configuration differ
+(placement, allocator state, neighbours' load), which two runs cannot measure; the spread
+and drift are the conservative stand-in. When repeats of the baseline are given, how far
+each lands from A is that run-to-run noise, measured, and joins the maximum. Two runs
+launched one after the other on a shared machine see different load: interleave or repeat
+them. The seed is injected so results are reproducible.
+
+Example::
+
+    ledger = speed_ledger(table_a, meta_a, table_b, meta_b, seed=0)
+    ledger.verdict            # "faster" | "slower" | "no significant difference"
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...schema import RunMeta, StepTable
+from .sample import (
+    CHUNK_FLOATS,
+    METRICS,
+    FloatArray,
+    Stat,
+    StepSample,
+    split_half_rel,
+    spread_rel,
+    step_sample,
+)
+
+__all__ = [
+    "SpeedMetric", "SpeedLedger", "speed_ledger", "MIN_EFFECT_REL", "N_BOOT", "CI_LEVEL",
+    "MAX_BOOT_UNITS",
+]
+
+# Smallest relative difference ever called a change. stepscope's default (the field report
+# gives none): below ~1% step-time medians of identical runs disagree even on a dedicated
+# accelerator. Pass ``min_effect_rel`` to change it.
+MIN_EFFECT_REL = 0.01
+# Bootstrap replicates and interval level: 2000 replicates keep the 95% percentile
+# interval's Monte-Carlo error small (Efron & Tibshirani 1993, sec. 19.3 suggest >= 1000).
+N_BOOT = 2000
+CI_LEVEL = 0.95
+# Runs with more steady steps are resampled in blocks of consecutive steps (at most this
+# many blocks): the non-overlapping block bootstrap (Carlstein 1986), which bounds the cost
+# on long runs and keeps the step-time autocorrelation inside a block.
+MAX_BOOT_UNITS = 1000
+
+# The ledger's verdict follows the first of these both runs measured.
+_PRIMARY = ("tokens_per_s", "samples_per_s", "step_time_s")
+
+
+@dataclass
+class SpeedMetric:
+    """One metric of the ledger. ``ci_rel`` bounds B/A - 1; ``change`` is the call."""
+
+    name: str
+    a: float | None
+    b: float | None
+    better: str  # "lower" | "higher"
+    diff: float | None = None
+    diff_rel: float | None = None
+    ci: tuple[float, float] | None = None
+    ci_rel: tuple[float, float] | None = None
+    noise_rel: float | None = None
+    change: str = "unknown"  # "better" | "worse" | "no significant difference" | "unknown"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "a": self.a, "b": self.b, "better": self.better, "diff": self.diff,
+            "diff_rel": self.diff_rel, "ci": list(self.ci) if self.ci else None,
+            "ci_rel": list(self.ci_rel) if self.ci_rel else None,
+            "noise_rel": self.noise_rel, "change": self.change,
+        }
+
+
+@dataclass
+class SpeedLedger:
+    verdict: str  # "faster" | "slower" | "no significant difference"
+    primary: str | None
+    metrics: dict[str, SpeedMetric]
+    steps_used: tuple[int, int]
+    excluded: dict[str, tuple[int, int]] = field(default_factory=dict)
+    ci_level: float = CI_LEVEL
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: m.to_dict() for k, m in self.metrics.items()}
+        out.update(verdict=self.verdict, primary=self.primary, ci_level=self.ci_level,
+                   steps_used=list(self.steps_used), seed=self.seed,
+                   excluded={k: list(v) for k, v in self.excluded.items()})
+        return out
+
+
+def _none(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _weights(rng: np.random.Generator, n_steps: int, n_boot: int) -> FloatArray:
+    draws = rng.integers(0, n_steps, size=(n_boot, n_steps))
+    offs = (np.arange(n_boot) * n_steps)[:, None]
+    counts = np.bincount((draws + offs).ravel(), minlength=n_boot * n_steps)
+    return counts.reshape(n_boot, n_steps).astype(np.float64)
+
+
+def _bootstrap(stat: Stat, s: StepSample, n_boot: int, seed: int, which: int) -> FloatArray:
+    """``n_boot`` replicates of ``stat`` over the units of ``s``, in bounded-memory chunks.
+
+    Every metric of a run draws from the same stream (seed, run), so the metrics of one
+    replicate come from the same resampled units and results repeat exactly.
+    """
+    rng = np.random.default_rng([seed, which])
+    chunk = max(1, CHUNK_FLOATS // max(1, s.step_time.size))
+    parts = []
+    for lo in range(0, n_boot, chunk):
+        parts.append(stat(s, _weights(rng, s.n_steps, min(chunk, n_boot - lo))))
+    return np.concatenate(parts)
+
+
+def _has(s: StepSample, col: str) -> bool:
+    return s.n_steps > 0 and bool(np.any(getattr(s, col) > 0))
+
+
+def _judge(m: SpeedMetric, ci_rel: tuple[float, float], noise: float) -> str:
+    assert m.diff_rel is not None
+    if not (ci_rel[0] > 0 or ci_rel[1] < 0) or abs(m.diff_rel) <= noise:
+        return "no significant difference"
+    up = m.diff_rel > 0
+    return "better" if up == (m.better == "higher") else "worse"
+
+
+def _point(name: str, s: StepSample) -> float | None:
+    """The metric over all kept steps of one run (None when the run lacks its data)."""
+    spec = METRICS[name]
+    if not _has(s, spec.column):
+        return None
+    scale = 1.0
+    if name == "mfu":
+        if s.mfu_per_token_s is None:
+            return None
+        scale = s.mfu_per_token_s
+    return _none(float(spec.stat(s, np.ones((1, s.n_steps)))[0]) * scale)
+
+
+def _noise(name: str, sa: StepSample, sb: StepSample, repeats: Sequence[StepSample],
+           a: float, min_effect_rel: float) -> float:
+    """The runs' own noise for one metric (see module doc), relative."""
+    spec = METRICS[name]
+    parts = [split_half_rel(sa, spec.stat), split_half_rel(sb, spec.stat),
+             spread_rel(sa, spec.per_step), spread_rel(sb, spec.per_step), min_effect_rel]
+    for rep in repeats:  # measured run-to-run noise: the baseline against its repeat
+        value = _point(name, rep)
+        if value is not None:
+            parts.append(abs(value / a - 1.0))
+    return max(parts)
+
+
+def _metric(name: str, sa: StepSample, sb: StepSample, repeats: Sequence[StepSample],
+            n_boot: int, seed: int, min_effect_rel: float) -> SpeedMetric:
+    stat = METRICS[name].stat
+    a, b = _point(name, sa), _point(name, sb)
+    m = SpeedMetric(name, a, b, METRICS[name].better)
+    if a is None or b is None or a == 0:
+        return m
+    m.diff, m.diff_rel = b - a, b / a - 1.0
+    boot_a = _bootstrap(stat, sa.blocked(MAX_BOOT_UNITS), n_boot, seed, 0) * (a / _raw(sa, stat))
+    boot_b = _bootstrap(stat, sb.blocked(MAX_BOOT_UNITS), n_boot, seed, 1) * (b / _raw(sb, stat))
+    ok = np.isfinite(boot_a) & np.isfinite(boot_b) & (boot_a != 0)
+    tail = (1.0 - CI_LEVEL) / 2 * 100
+    d = np.percentile(boot_b[ok] - boot_a[ok], [tail, 100 - tail])
+    r = np.percentile(boot_b[ok] / boot_a[ok] - 1.0, [tail, 100 - tail])
+    m.ci, m.ci_rel = (float(d[0]), float(d[1])), (float(r[0]), float(r[1]))
+    noise = _noise(name, sa, sb, repeats, a, min_effect_rel)
+    m.noise_rel = _none(noise)
+    m.change = _judge(m, m.ci_rel, noise)
+    return m
+
+
+def _raw(s: StepSample, stat: Stat) -> float:
+    """The unscaled statistic (MFU's replicates are scaled by point / raw)."""
+    return float(stat(s, np.ones((1, s.n_steps)))[0])
+
+
+def _memory(sa: StepSample, sb: StepSample) -> SpeedMetric:
+    # A peak is one number per run, not a per-step sample: no interval, and any growth
+    # is reported as it is (memory is deterministic for a fixed configuration).
+    m = SpeedMetric("mem_peak_bytes", sa.mem_peak_bytes, sb.mem_peak_bytes, "lower")
+    if m.a and m.b is not None:
+        m.diff, m.diff_rel = m.b - m.a, m.b / m.a - 1.0
+        m.change = ("no significant difference" if m.diff == 0
+                    else "better" if m.diff < 0 else "worse")
+    return m
+
+
+def speed_ledger(table_a: StepTable, meta_a: RunMeta | None, table_b: StepTable,
+                 meta_b: RunMeta | None, *, seed: int = 0, n_boot: int = N_BOOT,
+                 min_effect_rel: float = MIN_EFFECT_REL,
+                 baseline_repeats: Sequence[tuple[StepTable, RunMeta | None]] = (),
+                 ) -> SpeedLedger:
+    """Speed metrics of B against baseline A, each with a bootstrap interval and a call.
+
+    ``baseline_repeats``: other runs of A's exact configuration; how far each lands from A
+    is measured run-to-run noise, added to the noise a difference must exceed.
+
+    Example::
+
+        ledger = speed_ledger(ta, ma, tb, mb, seed=0)
+        ledger.metrics["tokens_per_s"].ci_rel    # e.g. (0.081, 0.094): B is 8-9% faster
+    """
+    sa, sb = step_sample(table_a, meta_a), step_sample(table_b, meta_b)
+    repeats = [step_sample(t, m) for t, m in baseline_repeats]
+    metrics: dict[str, SpeedMetric] = {}
+    if sa.n_steps and sb.n_steps:
+        for name in METRICS:
+            metrics[name] = _metric(name, sa, sb, repeats, n_boot, seed, min_effect_rel)
+    metrics["mem_peak_bytes"] = _memory(sa, sb)
+    primary = next((p for p in _PRIMARY if p in metrics and metrics[p].diff_rel is not None),
+                   None)
+    verdict = "no significant difference"
+    if primary is not None:
+        change = metrics[primary].change
+        verdict = {"better": "faster", "worse": "slower"}.get(change, verdict)
+    return SpeedLedger(
+        verdict=verdict, primary=primary, metrics=metrics,
+        steps_used=(sa.n_steps, sb.n_steps), seed=seed,
+        excluded={"warmup_rows": (sa.warmup_rows, sb.warmup_rows),
+                  "outlier_steps": (sa.outlier_steps, sb.outlier_steps)},
+    )

@@ -1,0 +1,186 @@
+"""Health rules across ranks and time: stragglers (a rank slower at its own work) and
+stalls (no step for k x the median step; live when ``now_wall_s`` is given).
+Pure functions ``rule(ctx) -> list[Finding]``.
+
+Example::
+
+    ctx = HealthContext(table, meta, HealthConfig(), steady_mask(table), now_wall_s=now)
+    rule_stall(ctx)
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ...schema import AnyArray, StepTable
+from ..findings import Finding
+from .config import HealthContext
+from .stats import rank_series
+from .system import PHASE_WORDS, span_of
+
+__all__ = ["rule_straggler", "rule_stall", "own_time"]
+
+
+def own_time(t: StepTable) -> tuple[AnyArray, str]:
+    """Per-row time a rank spends on its own work: step time minus communication wait.
+
+    In synchronous data parallelism every rank's step time is the same; the fast ranks
+    spend the difference waiting in the collective, so the straggler is the rank with the
+    most time outside communication. Falls back to data wait + forward when no
+    communication time is recorded (DDP's backward includes the collective wait).
+    """
+    st = t["step_time_s"]
+    for col in ("comm_s", "comm_exposed_s"):
+        if t.has_data(col):
+            return st - np.nan_to_num(t[col]), f"step_time_s - {col}"
+    if t.has_data("forward_s"):
+        return np.nan_to_num(t["data_wait_s"]) + t["forward_s"], "data_wait_s + forward_s"
+    return np.full(len(t), np.nan), "not measurable"
+
+
+def _median(x: AnyArray) -> float:
+    """Median of the finite values; NaN (without numpy's all-NaN warning) when none."""
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if x.size else float("nan")
+
+
+def rule_straggler(ctx: HealthContext) -> list[Finding]:
+    """A rank consistently slower at its own work than the others (score < 0.8)."""
+    cfg = ctx.config
+    t = ctx.table.select(ctx.steady)
+    ranks = t.ranks()
+    if len(ranks) < 2:
+        return []
+    own, how = own_time(t)
+    med = {r: _median(own[t["rank"] == r]) for r in ranks}
+    if not all(np.isfinite(v) and v > 0 for v in med.values()):
+        return []
+    vals = sorted(med.values())
+    ref = vals[0] if len(vals) == 2 else float(np.median(vals))
+    slow = max(med, key=lambda r: med[r])
+    score = ref / med[slow]
+    excess = med[slow] - ref
+    step_med = float(np.nanmedian(t["step_time_s"]))
+    consistent = _slow_share(t, own, slow)
+    if (score >= cfg.straggler_score or excess < cfg.straggler_min_excess_s
+            or excess < cfg.straggler_min_excess_frac * step_med
+            or consistent < cfg.straggler_consistency):
+        return []
+    phase = _phase_gap(t, slow)
+    return [Finding(
+        category="straggler", severity="warning",
+        message=(f"rank {slow} is a straggler: its own work takes {med[slow] * 1e3:.1f} ms vs "
+                 f"{ref * 1e3:.1f} ms on the others (score {score:.2f}); the other ranks wait "
+                 f"for it" + (f"; the difference is in {PHASE_WORDS.get(phase, phase)}"
+                               if phase else "")),
+        evidence={"score": score, "rank_median_s": med[slow], "reference_median_s": ref,
+                  "per_rank_median_s": {str(r): v for r, v in med.items()},
+                  "slow_on_step_frac": consistent, "measured_as": how, "phase": phase,
+                  "impact_frac": excess / step_med if step_med > 0 else None},
+        steps=span_of(t), rank=slow, confidence=0.8, rule="health.straggler",
+        recommendation=(f"Look at rank {slow}'s host (other processes, thermal throttling, "
+                        "slower device or link, uneven data shard); compare its profile with "
+                        "another rank's"),
+    )]
+
+
+def _slow_share(t: StepTable, own: AnyArray, rank: int) -> float:
+    """Share of steps on which ``rank``'s own time is above the other ranks' median."""
+    steps_u, si = np.unique(t["step"], return_inverse=True)
+    ranks_u, ri = np.unique(t["rank"], return_inverse=True)
+    grid = np.full((steps_u.size, ranks_u.size), np.nan)
+    grid[si, ri] = own  # steps x ranks
+    j = int(np.flatnonzero(ranks_u == rank)[0])
+    others = np.delete(grid, j, axis=1)
+    with warnings.catch_warnings():  # steps no other rank recorded: all-NaN rows
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = np.nanmedian(others, axis=1)
+    ok = np.isfinite(grid[:, j]) & np.isfinite(ref)
+    return float(np.mean(grid[ok, j] > ref[ok])) if ok.any() else 0.0
+
+
+def _phase_gap(t: StepTable, rank: int) -> str | None:
+    """The phase in which ``rank`` spends the most extra time vs the other ranks; "other"
+    is step time not attributed to any phase (e.g. host work outside the model)."""
+    cols = [c for c in ("data_wait_s", "forward_s", "backward_s", "optimizer_s",
+                        "comm_exposed_s") if t.has_data(c)]
+    if not cols:
+        return None
+    per = {c: t[c] for c in cols}
+    per["other_s"] = t["step_time_s"] - sum(np.nan_to_num(t[c]) for c in cols)
+    gaps = {}
+    for col, v in per.items():
+        if col == "comm_exposed_s":
+            continue  # the fast ranks' waiting, not the straggler's work
+        gaps[col] = _median(v[t["rank"] == rank]) - _median(v[t["rank"] != rank])
+    col = max(gaps, key=lambda c: gaps[c])
+    return col.removesuffix("_s") if gaps[col] > 0 else None
+
+
+def rule_stall(ctx: HealthContext) -> list[Finding]:
+    """No step finished for k x the median step time (historical gaps, and 'now' if live)."""
+    cfg = ctx.config
+    t = ctx.table
+    out: list[Finding] = []
+    worst: tuple[float, int, int, int, float, float] | None = None
+    for r in t.ranks():
+        steps, end = rank_series(t, r, "end_s")
+        _, st = rank_series(t, r, "step_time_s")
+        _, tool = rank_series(t, r, "tool_s")
+        if not np.isfinite(end).any():
+            steps, end = rank_series(t, r, "wall_time_s")
+        ok = np.isfinite(end)
+        if ok.sum() < 3:
+            continue
+        steps, end, tool = steps[ok], end[ok], tool[ok]
+        med = float(np.nanmedian(st)) if np.isfinite(st).any() else float(np.median(np.diff(end)))
+        limit = max(cfg.stall_factor * med, cfg.stall_min_s)
+        # stepscope's own time before a step (profiler start/stop, gathers) is not a stall
+        gap = np.diff(end) - np.nan_to_num(tool[1:], nan=0.0)
+        i = int(np.argmax(gap))
+        if gap[i] >= limit and (worst is None or gap[i] > worst[0]):
+            worst = (float(gap[i]), r, int(steps[i]), int(steps[i + 1]), med,
+                     float(end[-1] - end[0]))
+    if worst is not None:
+        gap_s, r, a, b, med, run_s = worst
+        out.append(Finding(
+            category="stall", severity="warning",
+            message=(f"training stalled: no step finished for {gap_s:.1f} s between steps {a} "
+                     f"and {b} ({gap_s / med:.0f}x the median step of {med * 1e3:.1f} ms)"),
+            evidence={"gap_s": gap_s, "median_step_time_s": med, "factor": gap_s / med,
+                      "impact_frac": gap_s / run_s if run_s > 0 else None},
+            steps=(a, b), rank=r if len(t.ranks()) == 1 else None, confidence=0.9,
+            rule="health.stall",
+            recommendation=("Find what ran in the gap (checkpoint save, evaluation, data "
+                            "retries, a hung collective): add a py-spy dump or a timeout "
+                            "alert on step time"),
+        ))
+    out.extend(_live_stall(ctx))
+    return out
+
+
+def _live_stall(ctx: HealthContext) -> list[Finding]:
+    t = ctx.table
+    if ctx.now_wall_s is None or not t.has_data("wall_time_s"):
+        return []
+    if ctx.meta is not None and ctx.meta.status != "running":
+        return []
+    last = float(np.nanmax(t["wall_time_s"]))
+    med = float(np.nanmedian(t["step_time_s"])) if t.has_data("step_time_s") else 0.0
+    idle = ctx.now_wall_s - last
+    limit = max(ctx.config.stall_factor * med, ctx.config.stall_min_s)
+    if idle < limit:
+        return []
+    step = int(t["step"].max())
+    return [Finding(
+        category="stall", severity="critical",
+        message=(f"no step recorded for {idle:.0f} s since step {step} "
+                 f"({idle / med:.0f}x the median step)" if med > 0 else
+                 f"no step recorded for {idle:.0f} s since step {step}"),
+        evidence={"idle_s": idle, "last_step": step, "median_step_time_s": med},
+        steps=(step, step), rank=None, confidence=0.9, rule="health.stall",
+        recommendation="Check the job now: py-spy dump the ranks; a hung collective or "
+                       "retrying data reader are the usual causes",
+    )]

@@ -1,0 +1,144 @@
+"""Robust statistics shared by the health rules: median/MAD, trailing windows, runs, splits.
+
+Pure numpy; every function takes arrays and returns new arrays or numbers.
+
+Example::
+
+    z = trailing_robust_z(np.array([1.0] * 20 + [5.0]), window=16, min_periods=8)
+    z[-1] > 6    # True: a 6-sigma jump over the trailing window
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ...schema import AnyArray, StepTable
+
+__all__ = [
+    "MAD_TO_SIGMA", "robust_sigma", "trailing_median", "trailing_robust_z", "runs_of",
+    "spearman", "best_split", "rank_series", "first_rank_with", "quarter_medians",
+]
+
+# For normally distributed data, sigma = 1.4826 x MAD (1 / Phi^-1(3/4)).
+MAD_TO_SIGMA = 1.4826
+
+
+def robust_sigma(x: AnyArray) -> float:
+    """1.4826 x median absolute deviation of the finite values (0.0 when none)."""
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return 0.0
+    return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
+
+
+def _windows(x: AnyArray, window: int) -> AnyArray:
+    """Row i holds the ``window`` values strictly before i (NaN-padded at the start)."""
+    pad = np.concatenate([np.full(window, np.nan), x[:-1]]) if x.size else x
+    return sliding_window_view(pad, window) if x.size else np.empty((0, window))
+
+
+def trailing_median(x: AnyArray, window: int, min_periods: int) -> AnyArray:
+    """Median of the finite values among the ``window`` values before each position."""
+    w = _windows(x, window)
+    out = np.full(x.shape, np.nan)
+    if not x.size:
+        return out
+    count = np.isfinite(w).sum(axis=1)
+    ok = count >= min_periods
+    if ok.any():
+        out[ok] = np.nanmedian(w[ok], axis=1)
+    return out
+
+
+def trailing_robust_z(x: AnyArray, window: int, min_periods: int,
+                      rel_floor: float = 0.01) -> AnyArray:
+    """Robust z-score of each value against the trailing window (non-finite excluded).
+
+    z_i = (x_i - median_w) / max(1.4826 MAD_w, rel_floor |median_w|); NaN where the window
+    holds fewer than ``min_periods`` finite values or x_i itself is not finite.
+    """
+    w = _windows(x, window)
+    z = np.full(x.shape, np.nan)
+    if not x.size:
+        return z
+    count = np.isfinite(w).sum(axis=1)
+    ok = (count >= min_periods) & np.isfinite(x)
+    if not ok.any():
+        return z
+    sub = w[ok]
+    med = np.nanmedian(sub, axis=1)
+    mad = np.nanmedian(np.abs(sub - med[:, None]), axis=1)
+    scale = np.maximum(MAD_TO_SIGMA * mad, rel_floor * np.abs(med))
+    scale = np.where(scale > 0, scale, np.finfo(float).tiny)
+    z[ok] = (x[ok] - med) / scale
+    return z
+
+
+def runs_of(mask: AnyArray) -> list[tuple[int, int]]:
+    """Index ranges ``(first, last)`` (inclusive) of consecutive True values."""
+    if not mask.size:
+        return []
+    m = np.concatenate([[False], mask.astype(bool), [False]])
+    d = np.diff(m.astype(np.int8))
+    starts = np.flatnonzero(d == 1)
+    ends = np.flatnonzero(d == -1) - 1
+    return [(int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
+
+
+def spearman(x: AnyArray, y: AnyArray) -> float:
+    """Spearman rank correlation (no tie correction; 0.0 when undefined)."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3:
+        return 0.0
+    rx = np.argsort(np.argsort(x[ok])).astype(float)
+    ry = np.argsort(np.argsort(y[ok])).astype(float)
+    if rx.std() == 0 or ry.std() == 0:
+        return 0.0
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def best_split(y: AnyArray, min_segment: int, max_points: int = 400) -> int | None:
+    """Index that best splits ``y`` into two segments of different medians.
+
+    Minimises the summed absolute deviation from each segment's median (an L1 single
+    changepoint, robust to outlier steps). Long series are first reduced to block medians
+    of ``max_points`` blocks, so cost stays O(max_points^2). None if ``y`` is too short.
+    """
+    y = y[np.isfinite(y)]
+    n = y.size
+    if n < 2 * min_segment:
+        return None
+    block = max(1, int(np.ceil(n / max_points)))
+    m = n // block
+    pts = np.median(y[: m * block].reshape(m, block), axis=1) if block > 1 else y
+    seg = max(1, min_segment // block)
+    best, best_k = np.inf, None
+    for k in range(seg, pts.size - seg + 1):
+        left, right = pts[:k], pts[k:]
+        cost = (np.abs(left - np.median(left)).sum() + np.abs(right - np.median(right)).sum())
+        if cost < best:
+            best, best_k = cost, k
+    return None if best_k is None else best_k * block
+
+
+def rank_series(table: StepTable, rank: int, col: str) -> tuple[AnyArray, AnyArray]:
+    """(steps, values) of one rank and column, ordered by step."""
+    idx = np.flatnonzero(table["rank"] == rank)
+    idx = idx[np.argsort(table["step"][idx], kind="stable")]
+    return table["step"][idx], table[col][idx]
+
+
+def first_rank_with(table: StepTable, col: str) -> int | None:
+    """Lowest rank holding at least one finite value in ``col``."""
+    if not table.has_data(col):
+        return None
+    ok = np.isfinite(table[col])
+    return int(table["rank"][ok].min())
+
+
+def quarter_medians(y: AnyArray) -> tuple[float, float]:
+    """Median of the first and of the last quarter of the finite values."""
+    y = y[np.isfinite(y)]
+    q = max(1, y.size // 4)
+    return float(np.median(y[:q])), float(np.median(y[-q:]))

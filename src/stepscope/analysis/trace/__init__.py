@@ -1,0 +1,1 @@
+"""Analyses of the event table: step breakdown, overlap, op ranking, trace diff."""

@@ -1,0 +1,266 @@
+"""Trace breakdown: one entry point, :func:`analyze`, from event tables to a TraceReport.
+
+Per rank: the rank-level temporal breakdown and comm/compute overlap (``overlap.py``),
+the per-step phase rows (``steps.py``); over ranks: the op ranking (``ops.py``) and the
+slowest rank with the phase that differs. Pure: returns data, never prints.
+
+Example::
+
+    from stepscope.traces import read_trace
+    from stepscope.analysis.trace.breakdown import analyze
+    report = analyze(read_trace("profiles/run1"), hta_compatible=True)
+    report.to_dict()["ranks"]["0"]["idle_pct"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...errors import ConfigError
+from ...schema import EventTable
+from ...traces.kineto import COMM_LOOKED_FOR
+from .ops import OpRow, op_totals
+from .overlap import Temporal, exact_temporal, hta_temporal, step_table, stream_busy
+from .steps import BAR_PHASES, StepRow, step_rows
+
+__all__ = ["TraceReport", "RankReport", "RankComparison", "analyze", "parse_steps",
+           "EXACT_DIFFERENCES", "NO_COMM_MESSAGE"]
+
+NO_COMM_MESSAGE = f"no communication found (looked for: {COMM_LOOKED_FOR})"
+# How the default (exact) convention differs from HTA 0.5.0; printed with every report.
+EXACT_DIFFERENCES: tuple[str, ...] = (
+    "exact float timestamps (HTA rounds ns-resolution times inward to whole µs)",
+    "whole ProfilerSteps, the last one included (HTA drops the last step); device work "
+    "belongs to the step whose host launch it came from",
+    "communication = NCCL/RCCL/MSCCL kernels under any spelling and kernels with a "
+    "'Collective name' arg (HTA: only names matching ^nccl.*Kernel)",
+    "device sync waits (cuda_sync: Stream Sync, Event Sync, Context Sync, Stream Wait Event) "
+    "are not busy time (HTA counts them, some as compute)",
+)
+HTA_NOTE = ("HTA 0.5.0 conventions: default window drops the last ProfilerStep by CPU-GPU "
+            "correlation, float timestamps rounded inward to whole µs, kernels classified "
+            "by HTA's name rules")
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank: temporal breakdown over its window and its step rows."""
+
+    rank: int
+    source: str
+    temporal: Temporal | None
+    steps: list[StepRow]
+    no_comm_note: str = NO_COMM_MESSAGE  # what the reader looked for, when it found none
+    stream_busy_us: dict[int, float] = field(default_factory=dict)  # per device stream
+
+    def phase_means_us(self) -> dict[str, float]:
+        if not self.steps:
+            return {}
+        return {p: float(np.mean([getattr(r, f"{p}_us") for r in self.steps]))
+                for p in BAR_PHASES}
+
+    def step_time_median_us(self) -> float | None:
+        return float(np.median([r.step_time_us for r in self.steps])) if self.steps else None
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.temporal
+        pct: dict[str, Any] = t.pct() if t else {
+            "idle_pct": None, "compute_pct": None, "non_compute_pct": None,
+            "comm_comp_overlap_pct": None}
+        out: dict[str, Any] = dict(pct)
+        out.update(
+            view=t.view if t else None, convention=t.convention if t else None,
+            window_us=t.window_us if t else None, idle_us=t.idle_us if t else None,
+            compute_us=t.compute_us if t else None,
+            non_compute_us=t.non_compute_us if t else None,
+            comm_us=t.comm_us if t else None, comm_overlap_us=t.overlap_us if t else None,
+            comm_note=None if (t and t.comm_us > 0) else self.no_comm_note,
+            step_time_median_us=self.step_time_median_us(),
+            phase_means_us=self.phase_means_us(), source=self.source,
+            stream_busy_us={str(k): v for k, v in sorted(self.stream_busy_us.items())},
+            steps=[r.to_dict() for r in self.steps],
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class RankComparison:
+    """Across ranks: the slowest rank and the phase in which the straggler differs."""
+
+    slowest_rank: int
+    fastest_rank: int
+    slower_by_pct: float  # median step time, slowest vs fastest
+    straggler_rank: int  # most time working (step time minus exposed comm and idle)
+    differing_phase: str
+    phase_delta_us: float  # straggler minus the mean of the other ranks, per step
+    phase_deltas_us: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class TraceReport:
+    """What ``stepscope trace`` shows; ``to_dict()`` is its ``--json`` output."""
+
+    ranks: dict[int, RankReport]
+    top_ops: list[OpRow]
+    comparison: RankComparison | None
+    hta_compatible: bool
+    conventions: list[str]
+    warnings: list[str] = field(default_factory=list)
+    all_ops: list[OpRow] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": {str(r): rep.to_dict() for r, rep in sorted(self.ranks.items())},
+            "top_ops": [o.to_dict() for o in self.top_ops],
+            "comparison": self.comparison.to_dict() if self.comparison else None,
+            "hta_compatible": self.hta_compatible,
+            "conventions": list(self.conventions),
+            "warnings": list(self.warnings),
+        }
+
+
+def parse_steps(spec: str | None) -> tuple[int | None, int | None] | None:
+    """``"a:b"`` -> (a, b), both included; either side may be empty. None -> None."""
+    if spec is None or spec.strip() == "":
+        return None
+    parts = spec.split(":")
+    try:
+        if len(parts) == 1:
+            n = int(parts[0])
+            return n, n
+        if len(parts) != 2:
+            raise ValueError(spec)
+        return (int(parts[0]) if parts[0].strip() else None,
+                int(parts[1]) if parts[1].strip() else None)
+    except ValueError:
+        raise ConfigError(f"--steps {spec!r}: expected 'a:b' (ProfilerStep numbers, both "
+                          "included), e.g. 2:4, 3: or :5") from None
+
+
+def _select_steps(tables: Sequence[EventTable],
+                  steps: tuple[int | None, int | None] | Collection[int] | None
+                  ) -> set[int] | None:
+    if steps is None:
+        return None
+    if isinstance(steps, tuple) and len(steps) == 2:  # a range; sets/lists are numbers
+        lo, hi = steps
+        known = {int(k) for t in tables for k in step_table(t)}
+        return {k for k in known if (lo is None or k >= lo) and (hi is None or k <= hi)}
+    return {int(s) for s in steps if s is not None}
+
+
+def analyze(tables: Sequence[EventTable], hta_compatible: bool = False,
+            steps: tuple[int | None, int | None] | Collection[int] | None = None,
+            top: int = 20) -> TraceReport:
+    """Break down traces (one EventTable per rank) into a TraceReport.
+
+    ``hta_compatible``: rank-level idle/compute/non-compute/overlap follow HTA 0.5.0 exactly
+    (its default window); otherwise exact times over whole steps (``EXACT_DIFFERENCES``).
+    ``steps``: a tuple (a, b) of ProfilerStep numbers, both included, either may be None;
+    or a set/list of step numbers.
+
+    Example::
+
+        rep = analyze(read_trace("ddp2_gloo_basic"), steps=(2, 3))
+        rep.ranks[0].steps[0].backward_us
+    """
+    if not tables:
+        raise ConfigError("analyze() needs at least one event table (one per rank)")
+    chosen = _select_steps(tables, steps)
+    warnings: list[str] = []
+    if chosen is not None and not chosen:
+        warnings.append(f"--steps selects no ProfilerStep of this trace (has: "
+                        f"{sorted({int(k) for t in tables for k in step_table(t)})})")
+    ps_names = {n for t in tables for n in t.names if "ProfilerStep" in n}
+    ranks: dict[int, RankReport] = {}
+    for i, t in enumerate(tables):
+        rank = int(t.meta.get("rank", i))
+        if hta_compatible:
+            temporal = hta_temporal(t, filter_steps=len(ps_names) > 1)
+            if temporal is None:
+                warnings.append(f"rank {rank}: HTA's breakdown is undefined here (no GPU "
+                                "events, or no ProfilerStep on this rank); stepscope's "
+                                "exact numbers are shown instead")
+                temporal = exact_temporal(t, chosen)
+        else:
+            temporal = exact_temporal(t, chosen)
+        ranks[rank] = RankReport(rank, str(t.meta.get("path", "")), temporal,
+                                 step_rows(t, chosen), _no_comm_note(t),
+                                 stream_busy(t, chosen))
+        warnings.extend(_rank_warnings(rank, t, ranks[rank]))
+    if hta_compatible and chosen is not None:
+        warnings.append("--steps applies to the per-step rows; the HTA-compatible rank "
+                        "numbers use HTA's own window")
+    all_ops = op_totals(tables, chosen)
+    return TraceReport(
+        ranks=ranks, top_ops=all_ops[:top], comparison=compare_ranks(ranks),
+        hta_compatible=hta_compatible,
+        conventions=[HTA_NOTE] if hta_compatible else list(EXACT_DIFFERENCES),
+        warnings=warnings, all_ops=all_ops)
+
+
+def _no_comm_note(t: EventTable) -> str:
+    """The reader's own "no communication found (looked for: ...)" when it has one."""
+    for w in t.meta.get("warnings") or []:
+        if isinstance(w, str) and w.startswith("no communication found"):
+            return w
+    return NO_COMM_MESSAGE
+
+
+def _rank_warnings(rank: int, t: EventTable, rep: RankReport) -> list[str]:
+    out = []
+    if rep.temporal is None:
+        out.append(f"rank {rank}: no events in the selected window")
+    elif rep.temporal.comm_us <= 0:
+        out.append(f"rank {rank}: {rep.no_comm_note}")
+    out.extend(f"rank {rank}: {w}" for w in t.meta.get("warnings") or []
+               if isinstance(w, str) and w != rep.no_comm_note)
+    if not rep.steps and not step_table(t):
+        out.append(f"rank {rank}: no ProfilerStep#N markers; no per-step rows (profile "
+                   "with a schedule and call prof.step() each iteration)")
+    for key in ("step_source", "phase_source"):
+        if t.meta.get(key):
+            out.append(f"rank {rank}: {key.replace('_', ' ')}: {t.meta[key]}")
+    inferred = sorted({r.step for r in rep.steps if r.backward_source == "autograd events"})
+    if inferred:
+        out.append(f"rank {rank}: no backward annotation in steps {inferred}; backward "
+                   "inferred from autograd engine events")
+    if t.meta.get("skipped_events"):
+        out.append(f"rank {rank}: {t.meta['skipped_events']} events without a usable "
+                   "ts/dur were skipped")
+    return out
+
+
+def compare_ranks(ranks: dict[int, RankReport]) -> RankComparison | None:
+    """Slowest rank by median step time; straggler = the rank that works longest."""
+    med = {r: rep.step_time_median_us() for r, rep in ranks.items()}
+    timed = {r: m for r, m in med.items() if m is not None}
+    if len(timed) < 2:
+        return None
+    means = {r: ranks[r].phase_means_us() for r in timed}
+    slowest = max(timed, key=lambda r: timed[r])
+    fastest = min(timed, key=lambda r: timed[r])
+    # Waiting on peers shows up as exposed comm or idle; everything else is the rank's own
+    # work (a slow data loader included), so the straggler is the rank that works longest
+    # and the phase that differs is the work phase it spends most extra time in.
+    work = {r: timed[r] - means[r]["comm_exposed"] - means[r]["idle"] for r in timed}
+    straggler = max(work, key=lambda r: work[r])
+    others = [r for r in timed if r != straggler]
+    deltas = {p: means[straggler][p] - float(np.mean([means[o][p] for o in others]))
+              for p in BAR_PHASES}
+    own = {p: d for p, d in deltas.items() if p not in ("comm_exposed", "idle") and d > 0}
+    phase = max(own, key=lambda p: own[p]) if own else max(deltas, key=lambda p: abs(deltas[p]))
+    return RankComparison(
+        slowest_rank=slowest, fastest_rank=fastest,
+        slower_by_pct=round(100.0 * (timed[slowest] - timed[fastest]) / timed[fastest], 2)
+        if timed[fastest] > 0 else 0.0,
+        straggler_rank=straggler, differing_phase=phase, phase_delta_us=deltas[phase],
+        phase_deltas_us=deltas)
+

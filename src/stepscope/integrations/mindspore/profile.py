@@ -1,0 +1,147 @@
+"""MindSpore profiler capture of chosen steps into ``profiles/<UTC timestamp>/``.
+
+The field report archives every profile with a timestamp so two runs can be diffed without
+re-running. ``ProfileCapture`` starts ``mindspore.profiler.profile`` before the first chosen
+step and stops it (MindSpore then writes its ``*_ascend_ms`` directory) after the last,
+writes the step windows it timed beside the profile (``stepscope_steps.json``, epoch
+microseconds: the trace reader assigns ops to steps by them) and records an event with the
+per-step phase breakdown read back by ``stepscope.traces.mindspore``.
+
+Ranks of one job share one profile directory: its timestamp is rank 0's time, agreed with
+one ``AllGather`` (the earliest start wins) when the job has more than one rank.
+
+Example::
+
+    cap = ProfileCapture(run, steps=(5, 7), rank=0, world=1)
+    for step in ...:
+        cap.before_step(step); ...; cap.after_step(step)
+    cap.close()
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ...store import RunDir, utc_stamp
+from ...traces.mindspore_phases import MARKERS_FILE, PHASE_NAMES, phase_busy_us
+
+__all__ = ["ProfileCapture"]
+
+
+class ProfileCapture:
+    """Profile steps ``steps[0]..steps[1]`` (inclusive, 0-based) of this rank."""
+
+    def __init__(self, run: RunDir, steps: tuple[int, int], rank: int, world: int) -> None:
+        first, last = int(steps[0]), int(steps[1])
+        if first < 0 or last < first:
+            raise ValueError(f"profile_steps must be (first, last) with 0 <= first <= last, "
+                             f"got {steps!r}")
+        self.run, self.first, self.last = run, first, last
+        self.rank, self.world = rank, world
+        self.dir: Path | None = None
+        self._prof: Any = None
+        self._windows: list[dict[str, Any]] = []
+        self._t_begin = 0.0
+        self._stop_s = math.nan
+        self.done = False
+
+    def _stamp(self) -> str:
+        now = time.time()
+        if self.world > 1:
+            import mindspore as ms
+
+            # int32 parts (CPU AllGather casts float64 to float32: 128 s resolution at
+            # epoch magnitude): [seconds // 1e5, seconds % 1e5, milliseconds]
+            sec = int(now)
+            parts = np.asarray([[sec // 100_000, sec % 100_000, int(now % 1 * 1000)]],
+                               dtype=np.int32)
+            rows = ms.ops.AllGather()(ms.Tensor(parts)).asnumpy().tolist()
+            hi, lo, milli = min(tuple(int(v) for v in r) for r in rows)
+            now = hi * 100_000 + lo + milli / 1000.0
+        return utc_stamp(_dt.datetime.fromtimestamp(now, _dt.timezone.utc))
+
+    def active(self, step: int) -> bool:
+        """True for a profiled step (its times include the profiler's own overhead)."""
+        return self.first <= step <= self.last
+
+    def before_step(self, step: int) -> None:
+        if step == self.first and self._prof is None and not self.done:
+            import mindspore as ms
+            from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+            self.dir = self.run.new_profile_dir(self._stamp())
+            target = str(ms.get_context("device_target"))
+            activities = [ProfilerActivity.CPU] + (
+                [ProfilerActivity.NPU] if target == "Ascend" else
+                [ProfilerActivity.GPU] if target == "GPU" else [])
+            self._prof = profile(activities=activities, start_profile=False,
+                                 on_trace_ready=tensorboard_trace_handler(str(self.dir)))
+            self._prof.start()
+        self._t_begin = time.time()
+
+    def after_step(self, step: int) -> None:
+        if self._prof is None:
+            return
+        self._windows.append({"rank": self.rank, "step": step,
+                              "start_us": self._t_begin * 1e6, "end_us": time.time() * 1e6})
+        if step >= self.last:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the profiler (if running), write the step windows, record the event."""
+        if self._prof is None or self.done:
+            return
+        prof, self._prof = self._prof, None
+        self.done = True
+        t0 = time.perf_counter()
+        prof.stop()  # MindSpore parses its raw data here: ~1 s on CPU, between two steps
+        self._stop_s = time.perf_counter() - t0
+        out = self._rank_output()
+        if out is None:
+            self.run.append_event({"type": "warning", "rank": self.rank, "message":
+                                   f"MindSpore profiler wrote nothing under {self.dir}"})
+            return
+        (out / MARKERS_FILE).write_bytes(orjson.dumps({"steps": self._windows}))
+        self.run.append_event(self._summary(out))
+
+    def _rank_output(self) -> Path | None:
+        assert self.dir is not None
+        mine = [d for d in self.dir.glob("*_ascend_ms") if f"_{os.getpid()}_" in d.name]
+        return max(mine, key=lambda d: d.stat().st_mtime) if mine else None
+
+    def _summary(self, out: Path) -> dict[str, Any]:
+        from ...traces.mindspore import read_rank_dir
+
+        record: dict[str, Any] = {"type": "profile", "rank": self.rank,
+                                  "path": str(out.relative_to(self.run.path)),
+                                  "steps": [self.first, self.last],
+                                  "stop_s": self._stop_s}
+        try:
+            table = read_rank_dir(out, self.rank)
+        except Exception as exc:  # the capture is archived either way; say why no summary
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            return record
+        record.update(events=len(table), phase_source=table.meta.get("phase_source"),
+                      step_source=table.meta.get("step_source"),
+                      warnings=table.meta.get("warnings", []))
+        busy = phase_busy_us(table)
+        record["phase_busy_us"] = {str(k): {p: v for p, v in d.items() if not math.isnan(v)}
+                                   for k, d in busy.items()}
+        record["phase_names"] = list(PHASE_NAMES)
+        try:  # the trace analysis' own view of the same profile (idle, overlap, phases)
+            from ...analysis.trace.breakdown import analyze
+
+            ranks = analyze([table]).to_dict().get("ranks", {})
+            record["breakdown"] = {r: {k: v for k, v in row.items() if k != "steps"}
+                                   for r, row in ranks.items()}
+        except Exception as exc:  # archived either way; the event says why no breakdown
+            record["breakdown_error"] = f"{type(exc).__name__}: {exc}"
+        return record

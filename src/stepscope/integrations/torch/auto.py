@@ -1,0 +1,225 @@
+"""Zero-code PyTorch instrumentation: what ``stepscope run`` installs in the training process.
+
+``stepscope run -- python train.py`` puts a ``sitecustomize`` on ``PYTHONPATH`` that calls
+:func:`bootstrap`. Nothing happens until the script imports torch; then global hooks are
+installed (:mod:`.hooks`) and one step row per optimizer step is written for this
+rank:
+
+* step boundary: the global optimizer step post-hook of the first optimizer that steps
+  (one optimizer step = one training step, whatever the gradient accumulation);
+* ``data_wait_s``: time blocked in ``DataLoader`` iterators' ``__next__``;
+* ``forward_s``: outermost module calls with autograd enabled; ``backward_s``:
+  ``Tensor.backward`` / ``torch.autograd.backward``, minus exposed communication;
+  ``optimizer_s``: optimizer pre-hook to post-hook;
+* ``comm_s`` / ``comm_exposed_s``: DDP comm hook per bucket, ``torch.distributed``
+  collectives (FSDP2) — see :mod:`.ddp`;
+* ``tokens`` / ``samples``: the inputs (positional or keyword) of the outermost module
+  call when they hold token ids (first 2-D integer tensor, ``input_ids`` first), else the
+  DataLoader batches drawn during the step; summed over micro-batches.
+  ``STEPSCOPE_TOKENS_PER_STEP`` / ``STEPSCOPE_SAMPLES_PER_STEP`` override.
+* ``loss``: the scalar ``backward()`` was called on, summed over micro-batches (a script
+  that divides by the accumulation count gets the mean), unscaled when it came from
+  ``GradScaler.scale``; ``lr``: first param group at optimizer pre-hook; ``grad_norm``:
+  ``clip_grad_norm_``'s return value when the script clips, else computed every
+  ``STEPSCOPE_GRAD_NORM_EVERY`` steps; ``loss_scale``/``overflow``: GradScaler.
+
+Switches (environment of the child; set by ``stepscope run`` or ``stepscope isolate``):
+
+=============================  ==============================================================
+``STEPSCOPE_RUN_DIR``          run directory (required; without it nothing is installed)
+``STEPSCOPE_MAX_STEPS=N``      stop cleanly (``SystemExit(0)``) after N optimizer steps
+``STEPSCOPE_REPLAY_DATA=1``    DataLoaders replay their first K real batches (K =
+                               ``STEPSCOPE_REPLAY_BATCHES``, default 8): data cost ~0
+``STEPSCOPE_NOOP_GRAD_SYNC=1`` DDP comm hook returns local gradients (not a valid run)
+``STEPSCOPE_PROFILE_STEPS=a:b`` torch.profiler trace of steps a..b-1 into
+                               ``STEPSCOPE_PROFILE_DIR``
+``STEPSCOPE_CROSS_RANK_EVERY`` steps between cross-rank gathers (default 20, 0 = off)
+=============================  ==============================================================
+
+Every hook body is wrapped: a failure inside stepscope is counted and warned about once,
+never raised into training (``STEPSCOPE_MAX_STEPS`` is the one deliberate exit).
+
+Example (what the bootstrap does)::
+
+    from stepscope.integrations.torch import auto as torch_auto
+    torch_auto.bootstrap()        # no-op unless STEPSCOPE_RUN_DIR is set
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import math
+import os
+import sys
+import time
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Settings", "bootstrap", "install", "active"]
+
+ENV_PREFIX = "STEPSCOPE_"
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(ENV_PREFIX + name, "").strip()
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        return default
+
+
+def _env_float(name: str) -> float:
+    raw = os.environ.get(ENV_PREFIX + name, "").strip()
+    try:
+        return float(raw) if raw else math.nan
+    except ValueError:
+        return math.nan
+
+
+def parse_steps(spec: str) -> tuple[int, int] | None:
+    """``"a:b"`` -> (a, b), half-open like a Python slice; ``"a"`` -> (a, a+1).
+
+    >>> parse_steps("3:5")
+    (3, 5)
+    """
+    spec = spec.strip()
+    if not spec:
+        return None
+    a, _, b = spec.partition(":")
+    start = int(a)
+    stop = int(b) if b else start + 1
+    if start < 0 or stop <= start:
+        raise ValueError(f"profile steps {spec!r}: expected a:b with 0 <= a < b")
+    return start, stop
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the environment asks for (see the module docstring for each switch)."""
+
+    run_dir: str
+    name: str = ""
+    max_steps: int = 0
+    replay_data: bool = False
+    replay_batches: int = 8
+    noop_grad_sync: bool = False
+    profile_steps: tuple[int, int] | None = None
+    profile_dir: str = ""
+    cross_rank_every: int = 20
+    # 1 = every step. Computing the norm reads every gradient once (~1 ms per 10M
+    # parameters on a CPU core); scripts that clip give it for free via clip_grad_norm_.
+    grad_norm_every: int = 1
+    tokens_per_step: float = math.nan
+    samples_per_step: float = math.nan
+
+    @classmethod
+    def from_env(cls) -> Settings | None:
+        run_dir = os.environ.get(ENV_PREFIX + "RUN_DIR", "").strip()
+        if not run_dir:
+            return None
+        try:
+            prof = parse_steps(os.environ.get(ENV_PREFIX + "PROFILE_STEPS", ""))
+        except ValueError:
+            prof = None
+        return cls(
+            run_dir=run_dir,
+            name=os.environ.get(ENV_PREFIX + "RUN_NAME", ""),
+            max_steps=_env_int("MAX_STEPS", 0),
+            replay_data=os.environ.get(ENV_PREFIX + "REPLAY_DATA", "") == "1",
+            replay_batches=max(1, _env_int("REPLAY_BATCHES", 8)),
+            noop_grad_sync=os.environ.get(ENV_PREFIX + "NOOP_GRAD_SYNC", "") == "1",
+            profile_steps=prof,
+            profile_dir=os.environ.get(ENV_PREFIX + "PROFILE_DIR", ""),
+            cross_rank_every=max(0, _env_int("CROSS_RANK_EVERY", 20)),
+            grad_norm_every=max(0, _env_int("GRAD_NORM_EVERY", 1)),
+            tokens_per_step=_env_float("TOKENS_PER_STEP"),
+            samples_per_step=_env_float("SAMPLES_PER_STEP"),
+        )
+
+
+_STATE: Any = None  # the AutoState of this process once torch is imported
+
+
+def active() -> bool:
+    """True inside a process instrumented by ``stepscope run`` (callbacks then stand down)."""
+    return _STATE is not None or bool(os.environ.get(ENV_PREFIX + "RUN_DIR"))
+
+
+def install(settings: Settings) -> Any:
+    """Install the hooks now (torch must be importable); returns the process state."""
+    global _STATE
+    if _STATE is not None:
+        return _STATE
+    from . import hooks
+
+    _STATE = hooks.install(settings)
+    return _STATE
+
+
+class _TorchImportHook(importlib.abc.MetaPathFinder):
+    """Runs :func:`install` right after ``import torch`` finishes (a post-import hook).
+
+    Installing eagerly would import torch into every Python process of the job, including
+    launchers and MindSpore scripts; this waits until the script itself imports torch.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._busy = False
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch" or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        orig_exec = loader.exec_module
+        settings = self.settings
+
+        def exec_module(module: types.ModuleType) -> None:
+            orig_exec(module)
+            _remove_finder()
+            try:
+                install(settings)
+            except Exception as exc:  # never break the user's import
+                _warn(f"instrumentation not installed: {type(exc).__name__}: {exc}")
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _remove_finder() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchImportHook)]
+
+
+def _warn(message: str) -> None:
+    try:
+        sys.stderr.write(f"stepscope: {message}\n")
+    except Exception:  # measuring must never break training
+        pass
+
+
+def bootstrap() -> None:
+    """Entry point of the ``sitecustomize`` that ``stepscope run`` puts on PYTHONPATH."""
+    settings = Settings.from_env()
+    if settings is None:
+        return
+    if "torch" in sys.modules:
+        install(settings)
+        return
+    sys.meta_path.insert(0, _TorchImportHook(settings))
+
+
+def clock() -> float:
+    """The host clock every timing here uses (monotonic seconds)."""
+    return time.perf_counter()

@@ -1,0 +1,341 @@
+"""The global PyTorch hooks of ``stepscope run`` (installed once per process).
+
+Each hook body calls into :class:`.state.AutoState` inside ``try/except Exception``:
+a failure is counted and warned about once, and the training call always goes through.
+
+Installed:
+
+* ``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``..._post_hook``;
+* ``torch.nn.modules.module.register_module_forward_pre_hook`` / ``forward_hook``
+  (``always_call=True`` keeps the nesting depth right when a forward raises);
+* wrappers of ``torch.Tensor.backward``, ``torch.autograd.backward``,
+  ``torch.nn.utils.clip_grad_norm_``, ``torch.amp.GradScaler.scale/update``,
+  ``torch.manual_seed``, ``_BaseDataLoaderIter.__next__``;
+* DDP: ``register_comm_hook`` wraps the user's hook with timing; a DDP model without one
+  gets a timed all-reduce hook on its first forward; ``torch.distributed`` collectives
+  are timed (FSDP2).
+* ``sys.excepthook`` and ``atexit``: close the records with status failed/finished.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from . import ddp, meta
+from .state import AutoState
+
+_NAN = float("nan")
+
+
+def install(settings: Any) -> AutoState:
+    import torch
+
+    from .auto import clock
+
+    st = AutoState(settings, torch, clock)
+    _optimizer_hooks(st)
+    _module_hooks(st)
+    _autograd_hooks(st)
+    _loader_hook(st)
+    _misc_hooks(st)
+    _ddp_hooks(st)
+    _exit_hooks(st)
+    return st
+
+
+def _optimizer_hooks(st: AutoState) -> None:
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    clock = st.clock
+    primary_now = [False]
+    t0 = [0.0]
+
+    def pre(opt: Any, args: Any, kwargs: Any) -> None:
+        try:
+            primary_now[0] = st.on_optimizer_pre(opt)
+        except Exception as exc:
+            primary_now[0] = False
+            st.failed("optimizer pre-hook", exc)
+        t0[0] = clock()
+
+    def post(opt: Any, args: Any, kwargs: Any) -> None:
+        dt = clock() - t0[0]
+        if not primary_now[0]:
+            st.cur.optimizer += dt  # a secondary optimizer: its time, not a boundary
+            return
+        try:
+            st.on_optimizer_post(dt)
+        except SystemExit:
+            raise
+        except Exception as exc:
+            st.failed("optimizer post-hook", exc)
+
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
+
+
+def _module_hooks(st: AutoState) -> None:
+    import torch
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    grad_enabled = torch.is_grad_enabled
+    compiling = torch.compiler.is_compiling
+    stack = st.stack
+
+    # Under torch.compile, Dynamo traces the module calls inside a compiled region
+    # together with global hooks; is_compiling() is True while it traces, so stepscope's
+    # Python stays out of the traced code and only the outermost, uncompiled call (the
+    # OptimizedModule) is timed.
+    def pre(module: Any, args: Any) -> None:
+        if compiling():
+            return
+        counted = not st.in_backward and grad_enabled()
+        stack.append(counted)
+        if counted:
+            if st.depth == 0:
+                try:
+                    st.on_forward_root(module, args)
+                    _maybe_ddp(st, module)
+                except Exception as exc:
+                    st.failed("forward pre-hook", exc)
+            st.depth += 1
+
+    def post(module: Any, args: Any, output: Any) -> None:
+        if compiling() or not stack or not stack.pop():
+            return
+        st.depth -= 1
+        if st.depth == 0:
+            try:
+                st.on_forward_root_end()
+            except Exception as exc:
+                st.failed("forward hook", exc)
+
+    register_module_forward_pre_hook(pre)
+    register_module_forward_hook(post, always_call=True)
+
+
+def _autograd_hooks(st: AutoState) -> None:
+    import torch
+
+    clock = st.clock
+
+    def timed(orig: Any, first_tensor: Any) -> Any:
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if st.in_backward:
+                return orig(*args, **kwargs)
+            tensor = first_tensor(args, kwargs)
+            try:
+                st.activity()
+                st.dev_begin("backward")
+            except Exception as exc:
+                st.failed("backward hook", exc)
+            st.in_backward = True
+            t0 = clock()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                st.in_backward = False
+                try:
+                    st.on_backward(tensor, clock() - t0)
+                except Exception as exc:
+                    st.failed("backward hook", exc)
+
+        return wrapper
+
+    def self_tensor(args: Any, kwargs: Any) -> Any:
+        return args[0] if args else None
+
+    def tensors_arg(args: Any, kwargs: Any) -> Any:
+        t = args[0] if args else kwargs.get("tensors")
+        if isinstance(t, (list, tuple)):
+            return t[0] if len(t) == 1 else None
+        return t
+
+    torch.Tensor.backward = timed(torch.Tensor.backward, self_tensor)  # type: ignore[method-assign]
+    torch.autograd.backward = timed(torch.autograd.backward, tensors_arg)
+
+
+def _loader_hook(st: AutoState) -> None:
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    from .replay import Replay
+
+    orig = _BaseDataLoaderIter.__next__
+    clock = st.clock
+    replay = Replay(st.settings.replay_batches) if st.settings.replay_data else None
+
+    def __next__(self: Any) -> Any:
+        t0 = clock()
+        hit, batch = False, None
+        if replay is not None:
+            try:
+                hit, batch = replay.take(self)  # StopIteration ends a replayed epoch
+            except StopIteration:
+                raise
+            except Exception as exc:  # a replay failure falls back to the real loader
+                st.failed("data replay", exc)
+        if not hit:
+            batch = orig(self)  # the loader's own errors reach the script unchanged
+            if replay is not None:
+                replay.keep(self, batch)
+        dt = clock() - t0
+        try:
+            st.saw_loader = True
+            st.on_batch(batch, dt)
+        except Exception as exc:
+            st.failed("DataLoader hook", exc)
+        return batch
+
+    _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
+
+
+def _misc_hooks(st: AutoState) -> None:
+    import torch
+
+    orig_clip = torch.nn.utils.clip_grad_norm_
+
+    @functools.wraps(orig_clip)
+    def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+        norm = orig_clip(*args, **kwargs)
+        try:
+            st.clip_norm = norm.detach() if hasattr(norm, "detach") else norm
+        except Exception as exc:
+            st.failed("clip_grad_norm_ hook", exc)
+        return norm
+
+    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+    torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+
+    orig_seed = torch.manual_seed
+
+    @functools.wraps(orig_seed)
+    def manual_seed(seed: Any) -> Any:
+        try:
+            meta._SEED.append(int(seed))
+        except Exception:  # measuring must never break training
+            pass
+        return orig_seed(seed)
+
+    torch.manual_seed = manual_seed
+    _scaler_hooks(st, torch.amp.GradScaler)
+
+
+def _scaler_hooks(st: AutoState, scaler_cls: Any) -> None:
+    orig_scale = scaler_cls.scale
+    orig_update = scaler_cls.update
+
+    @functools.wraps(orig_scale)
+    def scale(self: Any, outputs: Any) -> Any:
+        out = orig_scale(self, outputs)
+        try:
+            st.scaler = self
+            if out is not outputs and hasattr(out, "numel") and out.numel() == 1:
+                st.scaled[id(out)] = outputs
+        except Exception as exc:
+            st.failed("GradScaler.scale hook", exc)
+        return out
+
+    @functools.wraps(orig_update)
+    def update(self: Any, new_scale: Any = None) -> Any:
+        try:
+            # The optimizer step was skipped (inf/NaN gradients) when a step is still
+            # open after GradScaler.step: close it here, flagged as an overflow.
+            if st.open and st.cur.micro and self.is_enabled():
+                st.boundary(overflow=True)
+        except SystemExit:
+            raise
+        except Exception as exc:
+            st.failed("GradScaler.update hook", exc)
+        return orig_update(self, new_scale)
+
+    scaler_cls.scale = scale
+    scaler_cls.update = update
+
+
+def _ddp_hooks(st: AutoState) -> None:
+    import torch
+
+    if not torch.distributed.is_available():
+        return
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    orig_register = DDP.register_comm_hook
+
+    @functools.wraps(orig_register)
+    def register_comm_hook(self: Any, state: Any, hook: Any) -> Any:
+        self._stepscope_hooked = True
+        try:
+            hook = ddp.timed_comm_hook(st.comm, hook, noop=st.settings.noop_grad_sync)
+        except Exception as exc:
+            st.failed("DDP comm hook", exc)
+        return orig_register(self, state, hook)
+
+    DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+    ddp.patch_collectives(torch.distributed, st.comm)
+
+
+def _maybe_ddp(st: AutoState, module: Any) -> None:
+    """First forward of a DDP model with no comm hook: register a timed all-reduce."""
+    if type(module).__name__ != "DistributedDataParallel":
+        return
+    if getattr(module, "_stepscope_hooked", False):
+        return
+    module._stepscope_hooked = True
+    module.register_comm_hook(None, None)  # -> wrapper above with the default all-reduce
+
+
+def on_sigterm(st: AutoState) -> None:
+    """Close the records (status failed) on SIGTERM, then die of it as before.
+
+    torchrun ends the surviving workers with SIGTERM when one fails; without this their
+    last half second of records (the writer's flush interval) would be lost. Installed
+    only over the default handler, and only from the main thread (a script's own SIGTERM
+    handling is left alone).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            st.close("failed", "terminated by SIGTERM")
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _exit_hooks(st: AutoState) -> None:
+    prev = sys.excepthook
+
+    def excepthook(et: Any, e: Any, tb: Any) -> None:
+        try:
+            st.close("failed", f"{et.__name__}: {e}")
+        except Exception:  # measuring must never break training
+            pass
+        prev(et, e, tb)
+
+    sys.excepthook = excepthook
+
+    def at_exit() -> None:
+        try:
+            st.close("finished", None)
+        except Exception:  # measuring must never break training
+            pass
+
+    atexit.register(at_exit)

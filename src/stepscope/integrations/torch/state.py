@@ -1,0 +1,403 @@
+"""Per-process state of the zero-code instrumentation: the open step and its emission.
+
+The hooks in :mod:`.hooks` only call the ``on_*`` methods here. A step's numbers are
+accumulated in a :class:`StepData`; at the step boundary (the primary optimizer's post-hook)
+the whole row is handed to the :class:`~stepscope.recorder.Recorder` at once, with the
+recorder's injected clock pinned to the step's measured start and end. A half-finished step
+(e.g. evaluation after the last optimizer step, or a crash) is therefore never written.
+
+On CUDA, rows are emitted one step late: loss, gradient norm, loss scale and the CUDA
+events of the communication timer are read once the device has finished them, so that no
+host synchronisation is added to any step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...recorder import Recorder
+from . import ddp
+from .values import (
+    emit,
+    env_rank,
+    grad_norm_tensor,
+    scalar,
+    scale_of,
+    shape_of,
+)
+
+_NAN = math.nan
+
+
+class PinClock:
+    """A clock that returns a pinned value while pinned (lets rows carry measured times)."""
+
+    __slots__ = ("_fn", "_pinned")
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+        self._pinned: float | None = None
+
+    def __call__(self) -> float:
+        p = self._pinned
+        return self._fn() if p is None else p
+
+    def pin(self, value: float | None) -> None:
+        self._pinned = value
+
+
+@dataclass
+class StepData:
+    """Everything measured for one optimizer step (seconds, counts, raw values)."""
+
+    t_start: float = _NAN
+    t_end: float = _NAN
+    wall_end: float = _NAN
+    data_wait: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    optimizer: float = 0.0
+    loader_batches: int = 0
+    loader_tokens: float = 0.0
+    loader_samples: float = 0.0
+    fwd_tokens: float = 0.0
+    fwd_samples: float = 0.0
+    fwd_calls: int = 0  # outermost calls of a module with parameters
+    fwd_counted: int = 0  # ... of which token ids were found in the inputs
+    micro: int = 0
+    losses: list[Any] = field(default_factory=list)
+    lr: float = _NAN
+    grad_norm: Any = None
+    loss_scale: Any = None
+    overflow: float = _NAN
+    mem: tuple[float, float] = (_NAN, _NAN)
+    comm: list[Any] = field(default_factory=list)
+    compute_end: Any = None
+    extra: dict[str, float] = field(default_factory=dict)
+    # CUDA only: (phase, start event, end event) and an event at the step's end.
+    dev: list[tuple[str, Any, Any]] = field(default_factory=list)
+    done_event: Any = None
+    tool: float = 0.0  # stepscope's own time inside the step (emission, gathers)
+
+
+class AutoState:
+    """The instrumented process: recorder (created lazily), open step, fingerprint."""
+
+    def __init__(self, settings: Any, torch: Any, clock: Any) -> None:
+        self.settings = settings
+        self.torch = torch
+        self.clock = clock
+        self.rec: Recorder | None = None
+        self.pin = PinClock(clock)
+        self.pin_wall = PinClock(time.time)
+        self.cur = StepData()
+        self.open = False
+        self.step_index = 0
+        self.pending: list[StepData] = []
+        self.depth = 0
+        self.stack: list[bool] = []
+        self.t_fwd0 = 0.0
+        self.dev_open: dict[str, Any] = {}
+        self.root: Any = None  # the outermost module of the forward in progress
+        self.root_counted = False
+        self.in_backward = False
+        self.primary: Any = None  # weakref to the optimizer whose steps are boundaries
+        self.t_opt0 = 0.0
+        self.clip_norm: Any = None
+        self.scaled: dict[int, Any] = {}
+        self.scaler: Any = None
+        self.param_cache: dict[int, bool] = {}
+        self.device: Any = None
+        self.cuda = False
+        self.mem_probe: Any = None
+        self.baseline: dict[str, Any] = {}
+        self.config: dict[str, Any] = {}
+        self.notes: dict[str, str] = {}
+        self.failures = 0
+        self.closed = False
+        self.lock = threading.Lock()
+        self.comm = ddp.CommTimer(clock=clock, wall=time.time)
+        self.comm.phase = self._phase_now
+        self.cross: ddp.CrossRank | None = None
+        self.cross_done = -1
+        self.profiler: Any = None
+        self.rank = env_rank()
+        self.first_micro = 0
+        self.pid = os.getpid()
+        self.saw_loader = False
+        self.last_comm: ddp.CommStep | None = None
+
+    def _phase_now(self) -> str:
+        if self.in_backward:
+            return "backward"
+        return "forward" if self.depth > 0 else "other"
+
+    # -- robustness --------------------------------------------------------------------
+    def failed(self, where: str, exc: BaseException) -> None:
+        """Count a failure inside a hook; warn once. Training carries on unmeasured."""
+        self.failures += 1
+        if self.failures == 1:
+            warnings.warn(f"stepscope: {where} failed ({type(exc).__name__}: {exc}); "
+                          "training continues, this measurement may be incomplete",
+                          RuntimeWarning, stacklevel=3)
+
+    # -- step bookkeeping ----------------------------------------------------------------
+    def activity(self) -> None:
+        """Something of a training step happened: make sure a step (and recorder) is open."""
+        if self.open:
+            return
+        if self.rec is None:
+            self._create_recorder()
+        if math.isnan(self.cur.t_start):
+            self.cur.t_start = self.clock()
+        self.open = True
+
+    def _create_recorder(self) -> None:
+        env: dict[str, Any] = {}
+        meta: dict[str, Any] = {"environment": env, "config": {"instrumentation": "auto"}}
+        if self.settings.name:
+            meta["name"] = self.settings.name
+        self.rec = Recorder(self.settings.run_dir, meta=meta, rank=self.rank,
+                            clock=self.pin, wall_clock=self.pin_wall)
+        from . import hooks
+
+        hooks.on_sigterm(self)
+
+    def on_batch(self, batch: Any, seconds: float) -> None:
+        from .probes import batch_counts
+
+        d = self.cur
+        if not self.open and math.isnan(d.t_start):
+            d.t_start = self.clock() - seconds  # the first step starts with its first fetch
+        self.activity()
+        d.data_wait += seconds
+        d.loader_batches += 1
+        tokens, samples = batch_counts(batch)
+        if not math.isnan(tokens):
+            d.loader_tokens += tokens
+        if not math.isnan(samples):
+            d.loader_samples += samples
+        if "batch_shape" not in self.baseline:
+            self._note_batch(batch, tokens, samples)
+
+    def _note_batch(self, batch: Any, tokens: float, samples: float) -> None:
+        self.baseline["batch_shape"] = shape_of(batch, self.torch)
+        if not math.isnan(samples):
+            self.baseline.setdefault("micro_batch", int(samples))
+        if not math.isnan(tokens) and samples:
+            self.baseline.setdefault("seq_len", int(tokens // samples))
+
+    def on_forward_root(self, module: Any, args: Any) -> None:
+        """The outermost module call of a forward pass starts (autograd enabled)."""
+        self.activity()
+        self.t_fwd0 = self.clock()
+        self.dev_begin("forward")
+        key = id(module)
+        has_params = self.param_cache.get(key)
+        if has_params is None:
+            has_params = any(True for _ in module.parameters())
+            self.param_cache[key] = has_params
+            if has_params:
+                self._first_model(module)
+                # Global pre-hooks see positional arguments only; models called with
+                # keywords (Hugging Face: model(**batch)) are read by a per-module hook
+                # with kwargs, which runs right after this one from the next call on.
+                module.register_forward_pre_hook(self._kwargs_hook, with_kwargs=True)
+                self.root = module
+                self.cur.fwd_calls += 1
+                self._count_inputs(args)
+                if not self.root_counted:  # this very call: its keywords, read once
+                    self._count_inputs(_first_call_kwargs())
+                return
+        self.root = module if has_params else None
+        if has_params:
+            self.cur.fwd_calls += 1
+            self._count_inputs(args)
+
+    def _kwargs_hook(self, module: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if module is self.root and self.depth == 1 and kwargs and not self.root_counted:
+                self._count_inputs(kwargs)
+        except Exception as exc:
+            self.failed("forward kwargs hook", exc)
+
+    def _count_inputs(self, inputs: Any) -> None:
+        from .probes import batch_counts
+
+        tokens, samples = batch_counts(inputs)
+        self.root_counted = not math.isnan(tokens)
+        if self.root_counted:  # token ids seen: count them and their samples
+            d = self.cur
+            d.fwd_tokens += tokens
+            d.fwd_samples += samples
+            d.fwd_counted += 1
+            if "model_input_shape" not in self.baseline:
+                self.baseline["model_input_shape"] = shape_of(inputs, self.torch)
+                self.baseline["micro_batch"] = int(samples)
+                self.baseline["seq_len"] = int(tokens // samples)
+
+    def on_forward_root_end(self) -> None:
+        self.cur.forward += self.clock() - self.t_fwd0
+        self.dev_end("forward")
+
+    # -- device-time marks (CUDA events; nothing on CPU) --------------------------------
+    def dev_begin(self, phase: str) -> None:
+        """Mark a phase start on the current CUDA stream (no host synchronisation)."""
+        if self.cuda:
+            self.dev_open[phase] = self._event()
+
+    def dev_end(self, phase: str) -> None:
+        start = self.dev_open.pop(phase, None) if self.cuda else None
+        if start is not None:
+            self.cur.dev.append((phase, start, self._event()))
+
+    def _event(self) -> Any:
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _first_model(self, module: Any) -> None:
+        from . import meta
+
+        meta.note_model(self, module)
+
+    def on_backward(self, tensor: Any, seconds: float) -> None:
+        d = self.cur
+        d.backward += seconds
+        d.micro += 1
+        self.dev_end("backward")
+        try:
+            if tensor is not None and tensor.numel() == 1:
+                src = self.scaled.get(id(tensor))
+                d.losses.append((src if src is not None else tensor).detach())
+        except Exception as exc:
+            self.failed("loss capture", exc)
+        if self.comm.compute_end is not None:
+            d.compute_end = self.comm.compute_end
+            self.comm.compute_end = None
+
+    def on_optimizer_pre(self, opt: Any) -> bool:
+        """Returns True when ``opt`` is the primary optimizer (its steps are boundaries)."""
+        if self.primary is None:
+            self.primary = weakref.ref(opt)
+            from . import meta
+
+            meta.note_optimizer(self, opt)
+        if self.primary() is not opt:
+            return False
+        self.activity()
+        d = self.cur
+        groups = opt.param_groups
+        if groups:
+            d.lr = scalar(groups[0].get("lr"))
+        if self.clip_norm is not None:
+            d.grad_norm = self.clip_norm
+        elif self.settings.grad_norm_every and \
+                self.step_index % self.settings.grad_norm_every == 0:
+            d.grad_norm = grad_norm_tensor(self.torch, groups)
+        if self.cross is not None:
+            from . import meta
+
+            meta.maybe_cross_rank(self)
+        self.dev_begin("optimizer")
+        self.t_opt0 = self.clock()
+        return True
+
+    def on_optimizer_post(self, seconds: float) -> None:
+        self.cur.optimizer += seconds
+        self.dev_end("optimizer")
+        self.boundary()
+
+    def boundary(self, overflow: bool = False) -> None:
+        """Close the current step: measure its end, queue it, open the next one."""
+        d = self.cur
+        t_end = self.clock()
+        if math.isnan(d.t_start):
+            d.t_start = t_end
+        d.t_end = t_end
+        d.wall_end = time.time()
+        d.overflow = 1.0 if overflow else 0.0
+        if self.scaler is not None:
+            d.loss_scale = scale_of(self.scaler)
+        if self.mem_probe is not None:
+            d.mem = self.mem_probe()
+        d.comm = self.comm.take()
+        if d.compute_end is None:
+            d.compute_end = self.comm.compute_end
+        self.comm.compute_end = None
+        if self.cuda:
+            d.done_event = self._event()
+        if self.step_index == 0:
+            self.first_micro = d.micro
+        self.pending.append(d)
+        self.cur = StepData(t_start=t_end)
+        self.clip_norm = None
+        self.scaled.clear()
+        self.open = False
+        self.step_index += 1
+        self.flush(block=False)
+        from . import meta
+
+        meta.after_boundary(self)
+        # Emission, profiler steps and the like ran inside the next step: say so (tool_s).
+        self.cur.tool += max(0.0, self.clock() - self.cur.t_start)
+
+    # -- emission ------------------------------------------------------------------------
+    def flush(self, block: bool) -> None:
+        """Emit queued steps whose device values are ready (all of them when ``block``)."""
+        while self.pending:
+            d = self.pending[0]
+            ev = d.done_event
+            if ev is not None and not ev.query():
+                if not block and len(self.pending) <= 2:
+                    return  # the device is still on it: read it at a later boundary
+                ev.synchronize()  # at most two steps behind, or the run is ending
+            self.pending.pop(0)
+            try:
+                emit(self, d)
+            except Exception as exc:
+                self.failed("step emission", exc)
+
+    # -- end of the process ----------------------------------------------------------------
+    def close(self, status: str = "finished", error: str | None = None) -> None:
+        if os.getpid() != self.pid:  # a forked child (DataLoader worker): not ours to close
+            return
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+        from . import meta
+
+        meta.stop_profiler(self)
+        self.flush(block=True)
+        rec = self.rec
+        if rec is None:
+            return
+        meta.write_summary(self, status, error)
+        rec.close(status=status, error=error)
+
+
+def _first_call_kwargs() -> dict[str, Any]:
+    """Keyword arguments of the module call now in progress, read from its frame.
+
+    Used once per model, for the one call that happens before the per-module kwargs hook
+    exists: the caller chain is Module._call_impl -> global pre-hook -> on_forward_root.
+    Anything unexpected gives {} (the step then counts tokens from the DataLoader).
+    """
+    frame = sys._getframe(1)
+    for _ in range(6):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return {}
+        if frame.f_code.co_name == "_call_impl":
+            kwargs = frame.f_locals.get("kwargs")
+            return kwargs if isinstance(kwargs, dict) else {}
+    return {}

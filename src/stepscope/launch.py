@@ -1,0 +1,233 @@
+"""Launch a training command with zero-code instrumentation (what ``stepscope run`` does).
+
+The child gets a temporary directory on ``PYTHONPATH`` holding a ``sitecustomize.py`` that
+calls :func:`stepscope.integrations.torch.auto.bootstrap` (and then chains to any other
+``sitecustomize`` on the path), plus ``STEPSCOPE_*`` variables naming the run directory and
+the switches. This works through launchers: ``torchrun`` passes its environment to every
+worker, so each rank instruments itself and writes its own ``steps/rank-N.jsonl``.
+
+After the command exits, run.json gets its final status: a crash already recorded by the
+child (exception type and message) is kept; otherwise a non-zero exit marks the run
+failed with the exit code or signal, or with the first rank's crash from events.jsonl.
+
+Example::
+
+    from stepscope.launch import launch
+    outcome = launch(["python", "train.py"], out="runs/exp1", profile_steps="5:7")
+    outcome.returncode, outcome.status        # 0, "finished"
+
+Isolation experiments pass extra variables, e.g. ``env={"STEPSCOPE_REPLAY_DATA": "1"}``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .integrations.torch.auto import parse_steps
+from .schema import RunMeta
+from .store import RunDir, utc_stamp
+
+__all__ = ["launch", "LaunchOutcome", "SITECUSTOMIZE"]
+
+SITECUSTOMIZE = '''\
+# Written by `stepscope run`: instruments this Python process, then hands over to any
+# other sitecustomize further down sys.path (so a site's own customisation still runs).
+import importlib.machinery as _m
+import importlib.util as _u
+import os as _os
+import sys as _sys
+
+try:
+    from stepscope.integrations.torch import auto as _ss
+
+    _ss.bootstrap()
+except Exception as _exc:  # never stop the training script from starting
+    _sys.stderr.write(f"stepscope: instrumentation disabled: {_exc!r}\\n")
+
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_rest = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
+_spec = _m.PathFinder.find_spec("sitecustomize", _rest)
+if _spec is not None and _spec.loader is not None:
+    _mod = _u.module_from_spec(_spec)
+    _spec.loader.exec_module(_mod)
+'''
+
+
+@dataclass
+class LaunchOutcome:
+    """Result of :func:`launch`: where the run is and how the command ended."""
+
+    run_dir: Path
+    returncode: int
+    status: str
+    error: str | None
+    profile_dir: Path | None = None
+    profile_analysis: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "returncode": self.returncode,
+                "status": self.status, "error": self.error,
+                "profile_dir": str(self.profile_dir) if self.profile_dir else None,
+                "profile_analysis": self.profile_analysis}
+
+
+def default_out(name: str = "") -> Path:
+    return Path("runs") / f"{name or 'run'}-{utc_stamp()}"
+
+
+def launch(command: Sequence[str], out: str | os.PathLike[str] | None = None, *,
+           name: str = "", profile_steps: str | None = None,
+           env: Mapping[str, str] | None = None) -> LaunchOutcome:
+    """Run ``command`` instrumented; return when it exits (see the module docstring)."""
+    if not command:
+        raise ConfigError("no command given: expected `stepscope run -- python train.py ...`")
+    if profile_steps:
+        try:
+            parse_steps(profile_steps)
+        except ValueError as exc:
+            raise ConfigError(f"--profile-steps: {exc}; e.g. --profile-steps 5:8") from exc
+    if shutil.which(command[0]) is None and not Path(command[0]).is_file():
+        raise ConfigError(f"command {command[0]!r} not found on PATH; pass the program to "
+                          "run after `--`, e.g. `stepscope run -- python train.py`")
+    path = Path(out) if out else default_out(name)
+    meta = RunMeta(run_id=path.name, name=name or path.name, created_utc=utc_stamp(),
+                   command=list(command),
+                   config={"launcher": "stepscope run", "profile_steps": profile_steps})
+    run = RunDir.create(path, meta)
+    prof_dir = run.new_profile_dir() if profile_steps else None
+    boot = Path(tempfile.mkdtemp(prefix="stepscope-boot-"))
+    try:
+        (boot / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        child_env = _child_env(boot, run.path, name, profile_steps, prof_dir, env)
+        rc = _run(list(command), child_env)
+    finally:
+        shutil.rmtree(boot, ignore_errors=True)
+    status, error = _finish(run, rc)
+    analysis: dict[str, Any] = {}
+    if prof_dir is not None:
+        analysis = analyze_profiles(prof_dir)
+        run.append_event({"type": "profile", "dir": str(prof_dir.relative_to(run.path)),
+                          "steps": profile_steps, "status": analysis.get("status"),
+                          "analysis_file": analysis.get("analysis_file")})
+    return LaunchOutcome(run.path, rc, status, error, prof_dir, analysis)
+
+
+def _child_env(boot: Path, run_path: Path, name: str, profile_steps: str | None,
+               prof_dir: Path | None, extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    pkg_root = str(Path(__file__).resolve().parents[2])  # the dir holding `stepscope/`
+    parts = [str(boot), pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                     if p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env["STEPSCOPE_RUN_DIR"] = str(run_path.resolve())
+    if name:
+        env["STEPSCOPE_RUN_NAME"] = name
+    if profile_steps and prof_dir is not None:
+        env["STEPSCOPE_PROFILE_STEPS"] = profile_steps
+        env["STEPSCOPE_PROFILE_DIR"] = str(prof_dir.resolve())
+    env.update(extra or {})
+    return env
+
+
+def _run(command: list[str], env: dict[str, str]) -> int:
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except OSError as exc:
+        raise ConfigError(f"cannot start {command[0]!r}: {exc}") from exc
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # the child got the same SIGINT; give it time to close
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+def _finish(run: RunDir, rc: int) -> tuple[str, str | None]:
+    """Final status in run.json from the child's exit and what the ranks recorded."""
+    meta = run.read_meta()
+    if rc == 0:
+        if meta.status == "running":  # no instrumented rank closed (e.g. no steps at all)
+            meta = run.update_meta(status="finished")
+        return meta.status, meta.error
+    rank, first = _first_crash(run)
+    if meta.status == "failed" and meta.error and rank in (None, 0):
+        return meta.status, meta.error  # rank 0's own exception, already in run.json
+    if first is not None:
+        error = first
+    elif rc < 0:
+        error = f"killed by signal {signal.Signals(-rc).name}"
+    else:
+        error = f"exit code {rc}"
+    run.update_meta(status="failed", error=error)
+    return "failed", error
+
+
+def _first_crash(run: RunDir) -> tuple[int | None, str | None]:
+    """(rank, description) of the earliest rank failure in events.jsonl, or (None, None).
+
+    When one rank raises, the others fail after it (a peer closed the connection,
+    torchrun's SIGTERM): the earliest is the cause, and run.json should name it.
+    """
+    crashes, _ = run.read_events(type="crash")
+    if not crashes:
+        return None, None
+    crashes.sort(key=lambda c: c.get("wall_time_s") or float("inf"))
+    first = crashes[0]
+    text = f"{first.get('error')} (rank {first.get('rank')}, step {first.get('step')})"
+    others = sorted({c.get("rank") for c in crashes[1:]} - {first.get("rank")},
+                    key=lambda r: -1 if r is None else int(r))
+    if others:
+        text += f"; then rank{'s' if len(others) > 1 else ''} " \
+            f"{', '.join(map(str, others))} stopped"
+    rank = first.get("rank")
+    return (int(rank) if isinstance(rank, int) else None), text
+
+
+def analyze_profiles(prof_dir: Path) -> dict[str, Any]:
+    """Run the trace analysis on the captured per-rank traces, when it is available.
+
+    The result is written beside the capture (``profiles/<stamp>.analysis.json``, outside
+    the capture directory so that trace readers never see it) and returned. Without the
+    trace reader, or on a reader error, the traces are simply archived; the dict says so.
+    """
+    files = sorted(p.name for p in prof_dir.glob("*.json"))
+    if not files:
+        return {"status": "no traces captured (did the run reach the profiled steps?)"}
+    try:
+        from .analysis.trace.breakdown import analyze
+        from .traces import read_trace
+    except ImportError:
+        return {"status": "archived (trace analysis not available)", "files": files}
+    out: dict[str, Any] = {"files": files}
+    try:
+        out["report"] = analyze(read_trace(prof_dir)).to_dict()
+        out["status"] = "analyzed"
+    except Exception as exc:  # archive anyway; say why the analysis failed
+        out["status"] = f"archived (analysis failed: {type(exc).__name__}: {exc})"
+    try:
+        import orjson
+
+        dest = prof_dir.with_name(prof_dir.name + ".analysis.json")
+        dest.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2
+                                      | orjson.OPT_SERIALIZE_NUMPY, default=str))
+        out["analysis_file"] = str(dest)
+    except OSError as exc:
+        out["write_error"] = str(exc)
+    return out
+
+
+def python_executable() -> str:
+    """The interpreter running stepscope (tests use it to launch scripts)."""
+    return sys.executable
