@@ -11,7 +11,7 @@ import pytest
 from stepscope.errors import TraceFormatError
 from stepscope.schema import EVENT_KINDS
 from stepscope.traces import detect_format, kineto, read_trace
-from trace_support import cpu_step_events, write_trace
+from support.traces import cpu_step_events, write_trace
 
 
 def _kinds(t) -> dict[str, int]:  # type: ignore[no-untyped-def]

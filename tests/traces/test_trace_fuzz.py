@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from stepscope.analysis.trace.breakdown import analyze
 from stepscope.errors import TraceFormatError
 from stepscope.traces import kineto
-from trace_support import cpu_step_events, ev, thread_name
+from support.traces import cpu_step_events, ev, thread_name
 
 _BASE = orjson.dumps({"schemaVersion": 1, "distributedInfo": {"rank": 0},
                       "traceEvents": [thread_name(2, "pt_gloo_runloop")]

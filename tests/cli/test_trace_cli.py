@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from stepscope.cli import _register, cli
-from trace_support import cpu_step_events, thread_name, write_trace
+from support.traces import cpu_step_events, thread_name, write_trace
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 BIN = Path(sys.executable).parent
 
 

@@ -66,7 +66,7 @@ def test_trainer_callback_rows_match_trainer_logs(tmp_path):
 
 @pytest.mark.xdist_group("hf")
 def test_unmodified_trainer_under_stepscope_run(tmp_path):
-    from torch_run_support import python_script, stepscope_run
+    from support.torch_run import python_script, stepscope_run
 
     out = tmp_path / "auto"
     proc = subprocess_in(tmp_path, lambda: stepscope_run(

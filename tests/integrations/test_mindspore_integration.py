@@ -26,7 +26,7 @@ from stepscope.traces.mindspore_phases import PHASE_NAMES, annotate, op_phase
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.xdist_group("mindspore"), pytest.mark.mindspore, pytest.mark.slow]
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 BIN = Path(sys.executable).parent
 OPS = [EVENT_KINDS.index("compute"), EVENT_KINDS.index("comm")]
 # Clock slack between the profiler's op timestamps and time.time() read in the scripts

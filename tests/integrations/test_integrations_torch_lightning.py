@@ -67,7 +67,7 @@ def test_lightning_callback_rows(tmp_path):
 
 @pytest.mark.xdist_group("lightning")
 def test_unmodified_lightning_under_stepscope_run(tmp_path):
-    from torch_run_support import python_script, stepscope_run
+    from support.torch_run import python_script, stepscope_run
 
     out = tmp_path / "auto"
     proc = stepscope_run(out, *python_script("torch_lightning.py"))

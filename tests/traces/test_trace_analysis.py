@@ -1,5 +1,5 @@
 """Breakdown math on hand-made traces: every number below is computed by hand from
-tests/trace_support.cpu_step_events (one 100 µs step)."""
+tests/support/traces.cpu_step_events (one 100 µs step)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from stepscope.analysis.trace.breakdown import NO_COMM_MESSAGE, analyze, parse_s
 from stepscope.analysis.trace.diff import diff_reports
 from stepscope.errors import ConfigError
 from stepscope.traces import read_trace
-from trace_support import cpu_step_events, ev, thread_name, write_trace
+from support.traces import cpu_step_events, ev, thread_name, write_trace
 
 
 def test_interval_set_arithmetic() -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from stepscope.store import RunDir
-from torch_run_support import assert_times_agree, printed_times, python_script, stepscope_run
+from support.torch_run import assert_times_agree, printed_times, python_script, stepscope_run
 
 pytestmark = pytest.mark.xdist_group("torch_run")
 

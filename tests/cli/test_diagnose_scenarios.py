@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("torch")
 pytestmark = pytest.mark.xdist_group("diagnose_scenarios")
 
-SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 BIN = Path(sys.executable).parent
 
 

@@ -18,7 +18,7 @@ from stepscope.integrations.torch.ddp import (
     wait_transfer,
 )
 from stepscope.store import RunDir
-from torch_run_support import SCRIPTS, assert_times_agree, printed_times, stepscope_run
+from support.torch_run import SCRIPTS, assert_times_agree, printed_times, stepscope_run
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 

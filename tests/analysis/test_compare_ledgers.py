@@ -1,4 +1,4 @@
-"""A/B verdicts on real runs: tiny torch models trained on the CPU (see compare_runs_support).
+"""A/B verdicts on real runs: tiny torch models trained on the CPU (see support.compare_runs).
 
 One set of runs is trained once for the module: a baseline, the same configuration again
 (noise), a run with a starving loader (slowed), the global batch raised 16 -> 64 (one
@@ -13,10 +13,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from compare_runs_support import Spec, train_interleaved
 from stepscope.analysis.compare.runs import JSON_KEYS, Comparison, compare_runs
 from stepscope.cli import main
 from stepscope.cli.compare import load_for_compare
+from support.compare_runs import Spec, train_interleaved
 
 pytestmark = pytest.mark.xdist_group("compare_torch_runs")
 STEPS = 50
