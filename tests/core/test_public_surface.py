@@ -124,6 +124,7 @@ CLI = {
                '--samples-per-step',
                '--tokens-per-step'),
     'scaling': ('--allow-multi', '--json', '--markdown'),
+    'serve': ('--host', '--port'),
     'trace': (),
     'trace diff': ('--hta-compatible', '--json', '--steps', '--top'),
     'trace show': ('--hta-compatible', '--json', '--steps', '--top'),

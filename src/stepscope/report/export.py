@@ -1,10 +1,8 @@
 """A run's records in other tools: TensorBoard event files, an MLflow run, CSV, Parquet.
 
-One set of per-step series feeds TensorBoard and MLflow (``step_series``), so both show the
-same numbers as the sheet's columns: the job's step time is the slowest rank's at that step
-(the others wait for it), the job's tokens/s is all ranks' tokens over that step time,
-result-layer values (loss, lr, grad norm) come from the lowest rank, as a script that logs on
-rank 0 would show them. CSV and Parquet carry the whole step table, one row per (rank, step).
+TensorBoard and MLflow get the per-step series of :func:`stepscope.analysis.series.step_series`
+(the dashboard draws the same ones). CSV and Parquet carry the whole step table, one row per
+(rank, step).
 
 Example::
 
@@ -31,9 +29,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import orjson
 
+from ..analysis.series import MAX_RANK_SERIES, by_step, step_series
 from ..analysis.summary import Sheet
 from ..errors import ConfigError
 from ..schema import AnyArray, RunMeta, StepTable
@@ -42,14 +40,10 @@ __all__ = ["TARGETS", "Exported", "step_series", "export_run", "export_table"]
 
 TARGETS: tuple[str, ...] = ("tensorboard", "mlflow", "csv", "parquet")
 _PACKAGES = {"tensorboard": "tensorboardX", "mlflow": "mlflow", "parquet": "pyarrow"}
-# Per-rank series are drawn for up to this many ranks; past it a fleet view is the tool
-# (stepscope's own report), and a tracker would drown in thousands of series.
-MAX_RANK_SERIES = 64
 # MLflow's log_batch accepts at most 1,000 metrics per call (its documented REST limit).
 _MLFLOW_BATCH = 1000
 # MLflow params: values longer than this are cut (500 chars in MLflow < 2.x servers).
 _PARAM_CHARS = 500
-_GIB = float(1 << 30)
 
 
 @dataclass
@@ -77,74 +71,10 @@ def _require(target: str) -> ModuleType:
                           "pip install 'stepscope[export]'") from None
 
 
-def _by_step(table: StepTable, col: str, how: str) -> tuple[AnyArray, AnyArray]:
-    """(steps, value per step) of ``col`` over ranks: max, sum, mean or the lowest rank."""
-    steps = table["step"]
-    vals = table[col].astype(np.float64)
-    keep = np.isfinite(vals)
-    if how == "first":
-        keep &= table["rank"] == table["rank"].min()
-    steps, vals = steps[keep], vals[keep]
-    if not len(steps):
-        return steps, vals
-    uniq, inv = np.unique(steps, return_inverse=True)
-    out: AnyArray
-    if how in ("first", "mean"):
-        out = np.bincount(inv, weights=vals) / np.bincount(inv)
-    elif how == "sum":
-        out = np.bincount(inv, weights=vals)
-    else:
-        out = np.full(len(uniq), -np.inf)
-        np.maximum.at(out, inv, vals)
-    return uniq, out
-
-
-# (tag, column, how over ranks, scale): the series both trackers get.
-_SERIES: tuple[tuple[str, str, str, float], ...] = (
-    ("result/loss", "loss", "first", 1.0),
-    ("result/accuracy", "accuracy", "first", 1.0),
-    ("train/lr", "lr", "first", 1.0),
-    ("train/grad_norm", "grad_norm", "first", 1.0),
-    ("train/loss_scale", "loss_scale", "first", 1.0),
-    ("efficiency/step_time_s", "step_time_s", "max", 1.0),
-    ("system/mem_peak_gib", "mem_peak_bytes", "max", 1.0 / _GIB),
-    ("system/data_wait_s", "data_wait_s", "max", 1.0),
-    ("system/comm_s", "comm_s", "max", 1.0),
-)
-
-
-def step_series(table: StepTable) -> dict[str, tuple[AnyArray, AnyArray]]:
-    """``tag -> (steps, values)`` for every series with data (see the module docstring)."""
-    out: dict[str, tuple[AnyArray, AnyArray]] = {}
-    for tag, col, how, scale in _SERIES:
-        if table.has_data(col):
-            steps, vals = _by_step(table, col, how)
-            if len(steps):
-                out[tag] = (steps, vals * scale)
-    if table.has_data("loss") and "result/loss" in out:
-        steps, loss = out["result/loss"]
-        ok = loss < 700  # exp() overflows float64 past ~709: no perplexity for such losses
-        out["result/perplexity"] = (steps[ok], np.exp(loss[ok]))
-    if table.has_data("tokens") and "efficiency/step_time_s" in out:
-        t_steps, t = out["efficiency/step_time_s"]
-        k_steps, tokens = _by_step(table, "tokens", "sum")
-        common, ia, ib = np.intersect1d(t_steps, k_steps, return_indices=True)
-        ok = t[ia] > 0
-        out["efficiency/tokens_per_s"] = (common[ok], tokens[ib][ok] / t[ia][ok])
-    ranks = table.ranks()
-    if 1 < len(ranks) <= MAX_RANK_SERIES:
-        for r in ranks:
-            part = table.rank(r)
-            ok = np.isfinite(part["step_time_s"])
-            out[f"ranks/{r:05d}/step_time_s"] = (part["step"][ok],
-                                                 part["step_time_s"][ok].astype(np.float64))
-    return out
-
-
 def _wall_times(table: StepTable) -> dict[int, float]:
     if not table.has_data("wall_time_s"):
         return {}
-    steps, wall = _by_step(table, "wall_time_s", "max")
+    steps, wall = by_step(table, "wall_time_s", "max")
     return {int(s): float(w) for s, w in zip(steps, wall, strict=True)}
 
 

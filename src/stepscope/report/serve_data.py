@@ -1,0 +1,216 @@
+"""The dashboard's JSON documents, built from a root of runs (no HTTP here).
+
+``Dashboard`` keeps the SQLite index of ROOT up to date (at most once per ``refresh_s``) and
+answers four questions: which runs are there (``runs``), one run's sheet, findings, events,
+environment and latest profile (``run``), its per-step series for the charts (``series``),
+and an A/B comparison of two runs (``compare``). A run is named by its path relative to ROOT
+exactly as the index lists it, so nothing outside ROOT can be asked for.
+
+Example::
+
+    board = Dashboard("runs")
+    board.runs(where=["num_devices>=8"], sort="-mfu")["runs"][0]["path"]
+    board.series("exp1", max_points=2000)["series"]["result/loss"]
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..analysis.compare import compare_runs
+from ..analysis.diagnose import diagnose
+from ..analysis.series import by_step, envelope, phase_stack, rank_heatmap, step_series
+from ..analysis.summary import Sheet, summarize
+from ..errors import RunDirError, StepscopeError
+from ..index import INDEX_FILE, build_index, query_index
+from ..schema import AnyArray, RunMeta, StepTable
+from ..store import RunDir
+
+__all__ = ["Dashboard", "NotFound"]
+
+# Events the run page shows (the rest of events.jsonl is the tools' own bookkeeping).
+_SHOWN_EVENTS = ("finding", "alert", "isolation", "profile", "warning", "cross_rank")
+_CACHE_RUNS = 8  # loaded runs kept in memory (a page polls the run it shows)
+
+
+class NotFound(StepscopeError):
+    """A run path the index does not list (or a request for something else that is absent)."""
+
+
+@dataclass
+class _Loaded:
+    signature: tuple[float, int]
+    meta: RunMeta
+    table: StepTable
+    sheet: Sheet
+    problems: list[str]
+    skipped: int
+
+
+def _floats(a: AnyArray) -> list[float | None]:
+    return [None if not math.isfinite(v) else v for v in a.astype(np.float64).tolist()]
+
+
+def _dir_signature(path: Path) -> tuple[float, int]:
+    """Newest mtime and total size under steps/ and of the run's files: a cheap change test."""
+    newest, size = 0.0, 0
+    for p in [path / "run.json", path / "events.jsonl", *sorted((path / "steps").glob("*"))]:
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        newest, size = max(newest, st.st_mtime), size + st.st_size
+    return newest, size
+
+
+class Dashboard:
+    """Index-backed view of ROOT for the web app (thread-safe; see the module docstring)."""
+
+    def __init__(self, root: str | Path, refresh_s: float = 2.0) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise RunDirError(f"{self.root} is not a directory; pass the folder that holds "
+                              "the runs (or one run directory)")
+        self.db = self.root / INDEX_FILE
+        self.refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._indexed_at = -math.inf
+        self._skipped: list[dict[str, str]] = []
+        self._cache: OrderedDict[str, _Loaded] = OrderedDict()
+
+    # -- the run list ------------------------------------------------------------------
+    def _refresh(self) -> None:
+        with self._lock:
+            if time.monotonic() - self._indexed_at < self.refresh_s:
+                return
+            result = build_index(self.root, self.db)
+            self._skipped = [{"path": s.path, "reason": s.reason} for s in result.skipped]
+            self._indexed_at = time.monotonic()
+
+    def runs(self, where: Sequence[str] = (), sort: str | None = None, q: str = ""
+             ) -> dict[str, Any]:
+        """Index rows matching ``where`` (the ``index --where`` language) and the text ``q``."""
+        self._refresh()
+        rows = query_index(self.db, [w for w in where if w.strip()], sort=sort or None)
+        needle = q.strip().lower()
+        if needle:
+            rows = [r for r in rows if any(needle in str(r.get(k) or "").lower()
+                                           for k in ("path", "name", "run_id", "model_name"))]
+        for r in rows:
+            r["valid"] = bool(r.get("steps"))
+        return {"root": str(self.root), "runs": rows, "skipped": list(self._skipped)}
+
+    def _path_of(self, rel: str) -> Path:
+        self._refresh()
+        known = {r["path"] for r in query_index(self.db)}
+        if rel not in known:
+            raise NotFound(f"no run {rel!r} under {self.root}")
+        return self.root if rel == "." else self.root / rel
+
+    # -- one run -----------------------------------------------------------------------
+    def _load(self, rel: str) -> _Loaded:
+        path = self._path_of(rel)
+        sig = _dir_signature(path)
+        with self._lock:
+            hit = self._cache.get(rel)
+            if hit is not None and hit.signature == sig:
+                self._cache.move_to_end(rel)
+                return hit
+        run = RunDir.open(path)
+        meta = run.read_meta()
+        table, stats = run.read_steps()
+        loaded = _Loaded(sig, meta, table, summarize(table, meta, skipped_records=stats.skipped),
+                         list(stats.problems), stats.skipped)
+        with self._lock:
+            self._cache[rel] = loaded
+            while len(self._cache) > _CACHE_RUNS:
+                self._cache.popitem(last=False)
+        return loaded
+
+    def run(self, rel: str) -> dict[str, Any]:
+        """Sheet, findings, events, identity and environment, and the latest profile."""
+        loaded = self._load(rel)
+        run = RunDir.open(self._path_of(rel))
+        events, _ = run.read_events()
+        shown = [e for e in events if e.get("type") in _SHOWN_EVENTS]
+        findings = (diagnose(loaded.table, loaded.meta, events=events).findings
+                    if len(loaded.table) else [])
+        return {"path": rel, "meta": loaded.meta.to_dict(), "sheet": loaded.sheet.to_dict(),
+                "findings": [f.to_dict() for f in findings], "events": shown[-200:],
+                "read_problems": loaded.problems, "profile": _latest_profile(run)}
+
+    def series(self, rel: str, max_points: int = 2000, heat_cols: int = 600) -> dict[str, Any]:
+        """Per-step series (min/max envelopes past ``max_points``), x axes, phases, heatmap."""
+        loaded = self._load(rel)
+        table, sheet = loaded.table, loaded.sheet
+        series = step_series(table)
+        if sheet.mfu and sheet.tokens_per_s and "efficiency/tokens_per_s" in series:
+            # MFU is proportional to tokens/s (MFU = tokens/s x FLOPs/token / (devices x
+            # peak)): scaling by the sheet's own ratio keeps one definition of MFU.
+            s, tps = series["efficiency/tokens_per_s"]
+            series["efficiency/mfu"] = (s, tps * (sheet.mfu / sheet.tokens_per_s))
+        out: dict[str, Any] = {}
+        for tag, (steps, vals) in series.items():
+            s, lo, hi = envelope(steps, vals, max_points)
+            out[tag] = {"steps": s.tolist(), "lo": _floats(lo), "hi": _floats(hi)}
+        return {"path": rel, "series": out, "x": _x_axes(table, series),
+                "phases": _phases(table), "heatmap": _heatmap(table, heat_cols),
+                "warmup_steps": sheet.warmup_steps, "status": loaded.meta.status}
+
+    def compare(self, rel_a: str, rel_b: str) -> dict[str, Any]:
+        """The A/B verdict of ``stepscope compare`` for two runs of the index."""
+        a, b = self._load(rel_a), self._load(rel_b)
+        run_a, run_b = RunDir.open(self._path_of(rel_a)), RunDir.open(self._path_of(rel_b))
+        result = compare_runs(a.table, a.meta, b.table, b.meta, run_a.read_events("eval")[0],
+                              run_b.read_events("eval")[0])
+        doc: dict[str, Any] = result.to_dict()
+        doc["paths"] = [rel_a, rel_b]
+        return doc
+
+
+def _x_axes(table: StepTable, series: dict[str, tuple[AnyArray, AnyArray]]) -> dict[str, Any]:
+    """Step -> cumulative tokens and -> wall time since the first step, for the x selector."""
+    out: dict[str, Any] = {}
+    if "efficiency/step_time_s" in series:
+        steps, t = series["efficiency/step_time_s"]
+        out["wall_s"] = {"steps": steps.tolist(), "value": np.cumsum(t).tolist()}
+    if table.has_data("tokens"):
+        steps, tokens = by_step(table, "tokens", "sum")
+        out["tokens"] = {"steps": steps.tolist(), "value": np.cumsum(tokens).tolist()}
+    return out
+
+
+def _phases(table: StepTable) -> dict[str, Any]:
+    steps, cols = phase_stack(table) if len(table) else (np.zeros(0), {})
+    return {"steps": steps.tolist(), "cols": {k: _floats(v) for k, v in cols.items()}}
+
+
+def _heatmap(table: StepTable, cols: int) -> dict[str, Any]:
+    grid = rank_heatmap(table, "step_time_s", cols)
+    return {"column": grid.column, "ranks": grid.ranks, "steps": grid.bin_start_steps,
+            "median": None if math.isnan(grid.median) else grid.median,
+            "values": [_floats(row) for row in grid.values]}
+
+
+def _latest_profile(run: RunDir) -> dict[str, Any] | None:
+    """The newest archived profile's analysis (written beside it by `stepscope run`)."""
+    dirs = run.profile_dirs()
+    for d in reversed(dirs):
+        f = d.with_name(d.name + ".analysis.json")
+        try:
+            doc: dict[str, Any] = orjson.loads(f.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        doc["profile_dir"] = d.name
+        return doc
+    return {"profile_dir": dirs[-1].name, "status": "not analysed"} if dirs else None
