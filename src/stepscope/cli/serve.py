@@ -12,8 +12,8 @@ __all__ = ["serve_cmd"]
 @cli.command("serve")
 @click.argument("root", type=click.Path(file_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Anything but a loopback address exposes the runs' "
-                   "records to the network: there is no login.")
+              help="Address to listen on. Any other than a loopback address gets a token, "
+                   "generated and printed in the URL, that every request must carry.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
               help="Port (0 = any free port).")
 def serve_cmd(root: str, host: str, port: int) -> None:
@@ -30,8 +30,8 @@ def serve_cmd(root: str, host: str, port: int) -> None:
 
     server = make_server(root, host, port)
     if not is_loopback(host):
-        click.echo(f"stepscope: warning: serving on {host}, reachable from the network, "
-                   "with no login", err=True)
+        click.echo(f"stepscope: serving on {host}, reachable from the network: requests "
+                   "need the token in the URL below", err=True)
     click.echo(f"stepscope: dashboard of {root} at {server.url} (Ctrl-C to stop)")
     try:
         server.serve_forever(poll_interval=0.5)

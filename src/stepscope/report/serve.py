@@ -18,8 +18,11 @@ Example::
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
+import secrets
 from http import HTTPStatus
+from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -42,6 +45,13 @@ ASSETS = {
 }
 
 
+# Every answer forbids loads from anywhere but this server (the page needs nothing else).
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+       "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+       "frame-ancestors 'none'; form-action 'none'")
+_COOKIE = "stepscope_token"
+
+
 def _asset(name: str) -> bytes:
     return (resources.files("stepscope.report") / "assets" / name).read_bytes()
 
@@ -49,16 +59,17 @@ def _asset(name: str) -> bytes:
 class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True  # a hung browser connection never keeps the process alive
 
-    def __init__(self, board: Dashboard, host: str, port: int) -> None:
+    def __init__(self, board: Dashboard, host: str, port: int, token: str | None) -> None:
         super().__init__((host, port), _Handler)
         self.board = board
+        self.token = token  # required on every request when not None
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         host = host.decode() if isinstance(host, bytes) else str(host)
         shown = f"[{host}]" if ":" in host else host
-        return f"http://{shown}:{port}/"
+        return f"http://{shown}:{port}/" + (f"?token={self.token}" if self.token else "")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -68,9 +79,14 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib name)
         pass  # one line per request would bury the URL the user needs; errors are answered
 
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
+    def _send(self, status: int, body: bytes, ctype: str, cookie: str | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
+        self.send_header("Content-Security-Policy", CSP)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        if cookie:
+            self.send_header("Set-Cookie", f"{_COOKIE}={cookie}; HttpOnly; SameSite=Strict; "
+                                           "Path=/")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
@@ -81,13 +97,26 @@ class _Handler(BaseHTTPRequestHandler):
                             default=str)
         self._send(status, body, "application/json")
 
+    def _authorised(self, given: str | None) -> bool:
+        want = self.server.token
+        if want is None:
+            return True
+        jar = SimpleCookie(self.headers.get("Cookie", ""))
+        cookie = jar[_COOKIE].value if _COOKIE in jar else ""
+        return any(hmac.compare_digest(want, c) for c in (given or "", cookie) if c)
+
     def do_GET(self) -> None:  # noqa: N802 (stdlib name)
         url = urlsplit(self.path)
         q = parse_qs(url.query)
         one = {k: v[-1] for k, v in q.items()}
+        if not self._authorised(one.get("token")):
+            self._json(403, {"error": "this dashboard needs its token: open the URL that "
+                                      "`stepscope serve` printed"})
+            return
         try:
             if url.path in ("/", "/index.html"):
-                self._send(200, _asset("dashboard.html"), ASSETS["dashboard.html"])
+                self._send(200, _asset("dashboard.html"), ASSETS["dashboard.html"],
+                           cookie=self.server.token)
             elif url.path == "/favicon.ico":
                 self._send(204, b"", "image/x-icon")
             elif url.path.startswith("/assets/") and url.path[8:] in ASSETS:
@@ -100,7 +129,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(200, self.server.board.run(one.get("path", "")))
             elif url.path == "/api/series":
                 points = max(100, min(int(one.get("max_points", 2000)), 20000))
-                self._json(200, self.server.board.series(one.get("path", ""), points))
+                self._json(200, self.server.board.series(one.get("path", ""), points,
+                                                         steps=_window(one.get("steps"))))
             elif url.path == "/api/compare":
                 self._json(200, self.server.board.compare(one.get("a", ""), one.get("b", "")))
             else:
@@ -116,6 +146,16 @@ class _Handler(BaseHTTPRequestHandler):
                        {"error": f"{type(exc).__name__}: {exc}"})
 
 
+def _window(text: str | None) -> tuple[int, int] | None:
+    """``steps=FIRST:LAST`` (inclusive, the zoomed window) or None for the whole run."""
+    if not text:
+        return None
+    lo, sep, hi = text.partition(":")
+    if not sep:
+        raise ValueError(f"steps={text!r}: expected FIRST:LAST")
+    return int(lo), int(hi)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -126,11 +166,14 @@ def is_loopback(host: str) -> bool:
 
 
 def make_server(root: str, host: str = "127.0.0.1", port: int = 8765,
-                refresh_s: float = 2.0) -> DashboardServer:
-    """A ready (bound, not yet serving) dashboard server over ``root``."""
+                refresh_s: float = 2.0, token: str | None = None) -> DashboardServer:
+    """A ready (bound, not yet serving) dashboard server over ``root``. Any host but a
+    loopback address gets a token (generated unless given) that every request must carry."""
     board = Dashboard(root, refresh_s=refresh_s)
+    if token is None and not is_loopback(host):
+        token = secrets.token_urlsafe(18)
     try:
-        return DashboardServer(board, host, port)
+        return DashboardServer(board, host, port, token)
     except OSError as exc:
         raise StepscopeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; "
                              "pick another --port (0 = any free port)") from None

@@ -29,6 +29,7 @@ import orjson
 
 from ..analysis.compare import compare_runs
 from ..analysis.diagnose import diagnose
+from ..analysis.findings import Finding
 from ..analysis.series import by_step, envelope, phase_stack, rank_heatmap, step_series
 from ..analysis.summary import Sheet, summarize
 from ..errors import RunDirError, StepscopeError
@@ -36,7 +37,7 @@ from ..index import INDEX_FILE, build_index, query_index
 from ..schema import AnyArray, RunMeta, StepTable
 from ..store import RunDir
 
-__all__ = ["Dashboard", "NotFound"]
+__all__ = ["Dashboard", "NotFound", "series_doc", "run_doc"]
 
 # Events the run page shows (the rest of events.jsonl is the tools' own bookkeeping).
 _SHOWN_EVENTS = ("finding", "alert", "isolation", "profile", "warning", "cross_rank")
@@ -140,32 +141,17 @@ class Dashboard:
     def run(self, rel: str) -> dict[str, Any]:
         """Sheet, findings, events, identity and environment, and the latest profile."""
         loaded = self._load(rel)
-        run = RunDir.open(self._path_of(rel))
-        events, _ = run.read_events()
-        shown = [e for e in events if e.get("type") in _SHOWN_EVENTS]
-        findings = (diagnose(loaded.table, loaded.meta, events=events).findings
-                    if len(loaded.table) else [])
-        return {"path": rel, "meta": loaded.meta.to_dict(), "sheet": loaded.sheet.to_dict(),
-                "findings": [f.to_dict() for f in findings], "events": shown[-200:],
-                "read_problems": loaded.problems, "profile": _latest_profile(run)}
+        return run_doc(rel, RunDir.open(self._path_of(rel)), loaded.table, loaded.meta,
+                       loaded.sheet, loaded.problems)
 
-    def series(self, rel: str, max_points: int = 2000, heat_cols: int = 600) -> dict[str, Any]:
-        """Per-step series (min/max envelopes past ``max_points``), x axes, phases, heatmap."""
+    def series(self, rel: str, max_points: int = 2000, heat_cols: int = 600,
+               steps: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Per-step series (min/max envelopes past ``max_points``), x axes, phases, heatmap;
+        ``steps`` = (first, last) inclusive narrows them to a zoomed window, so a zoom shows
+        the window at full resolution rather than the whole run's bins."""
         loaded = self._load(rel)
-        table, sheet = loaded.table, loaded.sheet
-        series = step_series(table)
-        if sheet.mfu and sheet.tokens_per_s and "efficiency/tokens_per_s" in series:
-            # MFU is proportional to tokens/s (MFU = tokens/s x FLOPs/token / (devices x
-            # peak)): scaling by the sheet's own ratio keeps one definition of MFU.
-            s, tps = series["efficiency/tokens_per_s"]
-            series["efficiency/mfu"] = (s, tps * (sheet.mfu / sheet.tokens_per_s))
-        out: dict[str, Any] = {}
-        for tag, (steps, vals) in series.items():
-            s, lo, hi = envelope(steps, vals, max_points)
-            out[tag] = {"steps": s.tolist(), "lo": _floats(lo), "hi": _floats(hi)}
-        return {"path": rel, "series": out, "x": _x_axes(table, series),
-                "phases": _phases(table), "heatmap": _heatmap(table, heat_cols),
-                "warmup_steps": sheet.warmup_steps, "status": loaded.meta.status}
+        return series_doc(rel, loaded.table, loaded.sheet, loaded.meta, max_points, heat_cols,
+                          steps)
 
     def compare(self, rel_a: str, rel_b: str) -> dict[str, Any]:
         """The A/B verdict of ``stepscope compare`` for two runs of the index."""
@@ -176,6 +162,40 @@ class Dashboard:
         doc: dict[str, Any] = result.to_dict()
         doc["paths"] = [rel_a, rel_b]
         return doc
+
+
+def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet,
+            problems: Sequence[str], findings: Sequence[Finding] | None = None
+            ) -> dict[str, Any]:
+    """The run page's document: sheet, findings, shown events, identity, latest profile."""
+    events, _ = run.read_events()
+    shown = [e for e in events if e.get("type") in _SHOWN_EVENTS]
+    if findings is None:
+        findings = diagnose(table, meta, events=events).findings if len(table) else []
+    return {"path": rel, "meta": meta.to_dict(), "sheet": sheet.to_dict(),
+            "findings": [f.to_dict() for f in findings], "events": shown[-200:],
+            "read_problems": list(problems), "profile": _latest_profile(run)}
+
+
+def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_points: int = 2000,
+               heat_cols: int = 600, steps: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The chart document of one run (also embedded in the offline HTML report)."""
+    if steps is not None:
+        table = table.select((table["step"] >= steps[0]) & (table["step"] <= steps[1]))
+    series = step_series(table)
+    if sheet.mfu and sheet.tokens_per_s and "efficiency/tokens_per_s" in series:
+        # MFU is proportional to tokens/s (MFU = tokens/s x FLOPs/token / (devices x
+        # peak)): scaling by the sheet's own ratio keeps one definition of MFU.
+        s, tps = series["efficiency/tokens_per_s"]
+        series["efficiency/mfu"] = (s, tps * (sheet.mfu / sheet.tokens_per_s))
+    out: dict[str, Any] = {}
+    for tag, (at, vals) in series.items():
+        s, lo, hi = envelope(at, vals, max_points)
+        out[tag] = {"steps": s.tolist(), "lo": _floats(lo), "hi": _floats(hi)}
+    return {"path": rel, "series": out, "x": _x_axes(table, series),
+            "phases": _phases(table), "heatmap": _heatmap(table, heat_cols),
+            "warmup_steps": sheet.warmup_steps, "status": meta.status,
+            "window": list(steps) if steps else None}
 
 
 def _x_axes(table: StepTable, series: dict[str, tuple[AnyArray, AnyArray]]) -> dict[str, Any]:

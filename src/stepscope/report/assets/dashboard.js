@@ -5,8 +5,16 @@ const $ = (sel, el = document) => el.querySelector(sel);
 const app = () => $("#app");
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
   (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+/* Offline report: the documents are embedded (window.STEPSCOPE_DATA) and there is no server. */
+const OFFLINE = window.STEPSCOPE_DATA || null;
+const TOKEN = new URLSearchParams(location.search).get("token");
 const api = async (path, params = {}) => {
+  if (OFFLINE) {
+    if (path === "run" || path === "series") return OFFLINE[path];
+    throw new Error("this report is a single run; `stepscope serve` shows the others");
+  }
   const q = new URLSearchParams();
+  if (TOKEN) q.append("token", TOKEN);
   for (const [k, v] of Object.entries(params)) {
     (Array.isArray(v) ? v : [v]).forEach((x) => x !== undefined && x !== "" && q.append(k, x));
   }
@@ -80,7 +88,7 @@ async function showRuns() {
     location.hash = `#/compare/${encodeURIComponent(a)}/${encodeURIComponent(b)}`;
   });
   await loadRuns();
-  timers.push(setInterval(loadRuns, 5000));
+  timers.push(setInterval(loadRuns, 2000));
 }
 
 async function loadRuns() {
@@ -157,7 +165,8 @@ function markerHook(marks, warmup, axisSteps) {
 
 /* one chart: lines = [{label, steps, hi, lo?}], smoothed copies drawn over faint raw ones */
 function lineChart(el, title, lines, opts) {
-  const { axis, x, smooth, marks, warmup, unit = "", fromZero = false, fmt = num, fill = false } = opts;
+  const { axis, x, smooth, marks, warmup, unit = "", fromZero = false, fmt = num, fill = false,
+          yLabel = "", onZoom = null } = opts;
   const wrap = document.createElement("div");
   wrap.className = "chart";
   wrap.innerHTML = `<div class="title">${esc(title)}</div>`;
@@ -196,10 +205,16 @@ function lineChart(el, title, lines, opts) {
     width: Math.max(320, wrap.clientWidth - 16), height: 220,
     cursor: { sync: { key: "run" }, drag: { x: true, y: false } },
     scales: { x: { time: false }, y: fromZero ? { range: (u, mn, mx) => [0, mx > 0 ? mx * 1.05 : 1] } : {} },
-    axes: [{}, opts.fmt ? { values: (u, ticks) => ticks.map((t) => fmt(t)), size: 60 } : { size: 60 }],
+    axes: [{ label: axis === "step" ? "step" : axis === "tokens" ? "tokens seen" : "wall time (s)" },
+           { label: yLabel, size: 60, ...(opts.fmt ? { values: (u, ticks) => ticks.map((t) => fmt(t)) } : {}) }],
     legend: { live: true },
     series, bands,
-    hooks: markerHook(marks || [], warmup, stepToX),
+    hooks: { ...markerHook(marks || [], warmup, stepToX),
+             setSelect: [(u) => {
+               if (!onZoom || u.select.width < 2) return;
+               const lo = u.posToVal(u.select.left, "x"), hi = u.posToVal(u.select.left + u.select.width, "x");
+               onZoom(Math.floor(lo), Math.ceil(hi));
+             }] },
   }, data, wrap);
   charts.push(u);
   return u;
@@ -307,17 +322,18 @@ function kvTable(obj) {
 }
 
 const CHARTS = [
-  ["Loss", ["result/loss"], {}], ["Learning rate", ["train/lr"], {}],
-  ["Gradient norm", ["train/grad_norm"], {}], ["Loss scale", ["train/loss_scale"], {}],
-  ["Step time (slowest rank)", ["efficiency/step_time_s"], { unit: " s", fromZero: true }],
-  ["Tokens/s", ["efficiency/tokens_per_s"], { fromZero: true }],
-  ["MFU", ["efficiency/mfu"], { fromZero: true, fmt: (v) => pct(v) }],
-  ["Memory peak (GiB)", ["system/mem_peak_gib"], { fromZero: true }],
-  ["Data wait (s)", ["system/data_wait_s"], { fromZero: true }],
-  ["Communication (s)", ["system/comm_s"], { fromZero: true }],
+  ["Loss", ["result/loss"], { yLabel: "loss" }], ["Learning rate", ["train/lr"], { yLabel: "lr" }],
+  ["Gradient norm", ["train/grad_norm"], { yLabel: "L2 norm" }],
+  ["Loss scale", ["train/loss_scale"], { yLabel: "scale" }],
+  ["Step time (slowest rank)", ["efficiency/step_time_s"], { unit: " s", fromZero: true, yLabel: "seconds" }],
+  ["Tokens/s", ["efficiency/tokens_per_s"], { fromZero: true, yLabel: "tokens/s" }],
+  ["MFU", ["efficiency/mfu"], { fromZero: true, fmt: (v) => pct(v), yLabel: "% of peak" }],
+  ["Memory peak", ["system/mem_peak_gib"], { fromZero: true, unit: " GiB", yLabel: "GiB" }],
+  ["Data wait", ["system/data_wait_s"], { fromZero: true, unit: " s", yLabel: "seconds" }],
+  ["Communication", ["system/comm_s"], { fromZero: true, unit: " s", yLabel: "seconds" }],
 ];
 
-function drawRunCharts(doc, ser) {
+function drawRunCharts(doc, ser, onZoom = null) {
   charts.forEach((c) => c.destroy()); charts = [];
   const el = $("#charts"); el.innerHTML = "";
   const marks = doc.findings.filter((f) => f.steps).map((f) => ({ step: f.steps[0], severity: f.severity }));
@@ -328,7 +344,7 @@ function drawRunCharts(doc, ser) {
     const lines = tags.filter((t) => ser.series[t]).map((t) => ({ label: title, ...ser.series[t] }));
     if (!lines.length) continue;
     lineChart(el, title, lines, { axis: runState.axis, x: ser.x, smooth: runState.smooth,
-      marks, warmup: ser.warmup_steps, ...o });
+      marks, warmup: ser.warmup_steps, onZoom: runState.axis === "step" ? onZoom : null, ...o });
   }
   const ph = ser.phases;
   if (ph.steps.length) {
@@ -338,7 +354,7 @@ function drawRunCharts(doc, ser) {
     lineChart(el, "Phase split per step (stacked, mean over ranks)",
       names.map((n, k) => ({ label: n.replace(/_s$/, ""), steps: ph.steps, hi: stacked[k] })),
       { axis: runState.axis, x: ser.x, smooth: 0, marks: [], warmup: ser.warmup_steps, unit: " s",
-        fromZero: true, fill: true });
+        fromZero: true, fill: true, yLabel: "seconds" });
   }
 }
 
@@ -361,8 +377,9 @@ async function showRun(path) {
       <select id="axis"><option value="step">step</option><option value="tokens">tokens</option>
       <option value="wall_s">wall time (s)</option></select>
       smoothing <input id="smooth" type="range" min="0" max="0.98" step="0.02" value="${runState.smooth}">
-      <span class="muted">drag across a chart to zoom, double-click to reset; warm-up is shaded,
-      findings are dashed lines</span></div>
+      <button id="whole" hidden>whole run</button>
+      <span class="muted">drag across a chart to zoom (the window is fetched at full resolution),
+      double-click to reset; warm-up is shaded, findings and alerts are dashed lines</span></div>
     <div id="charts" class="charts"></div>
     <h2>Ranks</h2>
     <div class="fleet"><div><canvas id="heat" class="heat"></canvas>
@@ -375,26 +392,36 @@ async function showRun(path) {
     <details><summary>Config</summary>${kvTable(m.config)}</details>
     <details><summary>Events (${doc.events.length})</summary><pre>${esc(doc.events.map((e) => JSON.stringify(e)).join("\n"))}</pre></details>
     ${doc.read_problems.length ? `<details><summary>Read problems</summary><pre>${esc(doc.read_problems.join("\n"))}</pre></details>` : ""}`;
+  let windowed = null;  // [lo, hi] while zoomed into a window fetched at full resolution
+  const zoom = OFFLINE ? null : async (lo, hi) => {
+    try { windowed = await api("series", { path, steps: `${lo}:${hi}` }); } catch (e) { return; }
+    redraw(); $("#whole").hidden = false;
+  };
+  const redraw = () => drawRunCharts(doc, windowed || ser, zoom);
+  $("#whole").addEventListener("click", () => { windowed = null; $("#whole").hidden = true; redraw(); });
   $("#axis").value = runState.axis;
-  $("#axis").addEventListener("change", (e) => { runState.axis = e.target.value; drawRunCharts(doc, ser); });
-  $("#smooth").addEventListener("change", (e) => { runState.smooth = +e.target.value; drawRunCharts(doc, ser); });
+  $("#axis").addEventListener("change", (e) => { runState.axis = e.target.value; redraw(); });
+  $("#smooth").addEventListener("change", (e) => { runState.smooth = +e.target.value; redraw(); });
   $("#findings").querySelectorAll("a[data-f]").forEach((a) => a.addEventListener("click", () => {
     const f = doc.findings[+a.dataset.f];
     const lo = f.steps[0] - 10, hi = f.steps[1] + 10;
-    runState.axis = "step"; $("#axis").value = "step"; drawRunCharts(doc, ser);
+    runState.axis = "step"; $("#axis").value = "step"; redraw();
     charts.forEach((c) => c.setScale("x", { min: lo, max: hi }));
     $("#charts").scrollIntoView();
   }));
-  drawRunCharts(doc, ser);
+  redraw();
   drawHeatmap($("#heat"), ser.heatmap);
-  if (m.status === "running") {
+  if (m.status === "running" && !OFFLINE) {
     $("#live").hidden = false;
-    timers.push(setInterval(async () => {
+    let busy = false;
+    timers.push(setInterval(async () => {  // within 2 s of new records: poll every second
+      if (busy || windowed) return;
+      busy = true;
       try { [doc, ser] = await Promise.all([api("run", { path }), api("series", { path })]); }
-      catch (e) { return; }
-      drawRunCharts(doc, ser); drawHeatmap($("#heat"), ser.heatmap);
+      catch (e) { return; } finally { busy = false; }
+      redraw(); drawHeatmap($("#heat"), ser.heatmap);
       if (doc.meta.status !== "running") { $("#live").hidden = true; timers.forEach(clearInterval); }
-    }, 5000));
+    }, 1000));
   }
 }
 
@@ -417,6 +444,13 @@ async function showCompare(a, b) {
     <div class="cards"><div class="card"><h3>Speed ledger: ${esc(speed.verdict || "")}</h3>
       <div class="muted">${esc(speed.reason || "")}</div>
       <table><tr><th>metric</th><th class="num">A</th><th class="num">B</th><th class="num">change</th><th></th></tr>${metricRows}</table></div>
+      <div class="card"><h3>Quality ledger: ${esc((cmp.quality || {}).verdict || "")}</h3>
+      <table><tr><th>metric</th><th class="num">A</th><th class="num">B</th><th>at</th><th></th></tr>${
+        Object.entries(cmp.quality || {}).filter(([, v]) => v && typeof v === "object" && "verdict" in v)
+          .map(([name, v]) => `<tr><td>${esc(name)}</td><td class="num">${num(v.a, 4)}</td><td class="num">${num(v.b, 4)}</td>
+            <td>${esc(Object.entries(v.at || {}).map(([k, x]) => `${k} ${num(x)}`).join(", "))}</td>
+            <td>${esc(v.verdict)}${v.note ? ` <span class="muted">${esc(v.note)}</span>` : ""}</td></tr>`).join("")}</table>
+      ${((cmp.quality || {}).warnings || []).map((w) => `<p class="muted">${esc(w)}</p>`).join("")}</div>
       <div class="card"><h3>What differs</h3>${(cmp.differing || []).length ?
         `<table>${cmp.differing.map((d) => `<tr><td>${esc(d.variable)}</td><td>${esc(JSON.stringify(d.a))}</td><td>→ ${esc(JSON.stringify(d.b))}</td></tr>`).join("")}</table>` :
         '<p class="muted">No baseline variable differs.</p>'}</div></div>
@@ -432,6 +466,7 @@ async function showCompare(a, b) {
 /* ================================ router ================================ */
 function route() {
   clearPage();
+  if (OFFLINE) return showRun(OFFLINE.run.path);
   const h = location.hash.replace(/^#\/?/, "");
   const parts = h.split("/").map(decodeURIComponent);
   if (parts[0] === "run" && parts[1]) return showRun(parts.slice(1).join("/"));
