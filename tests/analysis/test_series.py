@@ -55,3 +55,26 @@ def test_phase_stack_other_is_what_no_phase_explains() -> None:
     steps, cols = phase_stack(_table(2, 3))
     assert steps.tolist() == [0, 1, 2]
     assert np.allclose(cols["forward_s"], 0.03) and np.allclose(cols["other_s"], 0.02)
+
+
+def test_a_one_step_spike_in_a_million_points_shows_at_every_zoom_level() -> None:
+    from stepscope.analysis.summary import summarize
+    from stepscope.report.serve_data import series_doc
+    from stepscope.schema import RunMeta
+
+    n, spike = 1_000_000, 654_321
+    t = np.full(n, 0.2)
+    t[spike] = 3.0
+    table = StepTable.from_columns({"rank": np.zeros(n, dtype=np.int64),
+                                    "step": np.arange(n), "step_time_s": t})
+    meta = RunMeta(run_id="big")
+    sheet = summarize(table, meta)
+    for window in (None, (0, n - 1), (600_000, 700_000), (654_000, 655_000),
+                   (654_300, 654_340)):
+        doc = series_doc("big", table, sheet, meta, max_points=2000, steps=window)
+        line = doc["series"]["efficiency/step_time_s"]
+        assert len(line["steps"]) <= 2000, window
+        assert max(line["hi"]) == 3.0, window
+        i = line["hi"].index(3.0)
+        nxt = line["steps"][i + 1] if i + 1 < len(line["steps"]) else n
+        assert line["steps"][i] <= spike < nxt, window

@@ -65,6 +65,7 @@ def test_tensorboard_event_files_hold_the_same_series_as_the_records(tmp_path: P
         mx = max(r["wall_time_s"] for r in _rows() if r["step"] == step)
         assert wall == pytest.approx(mx, abs=1e-3) and mx >= walls[step]
     assert "summary/tokens_per_s" in ea.Tags()["scalars"]
+    assert {"run", "findings"} <= {t.split("/")[0] for t in ea.Tags()["tensors"]}
 
 
 def test_mlflow_run_holds_params_metrics_and_status(tmp_path: Path) -> None:
@@ -80,6 +81,7 @@ def test_mlflow_run_holds_params_metrics_and_status(tmp_path: Path) -> None:
     meta = json.loads((RUN / "run.json").read_text())
     assert run.data.tags["stepscope.run_id"] == meta["run_id"]
     assert run.data.params["baseline.dp"] == str(meta["baseline"]["dp"])
+    assert "straggler" in run.data.tags["stepscope.findings"]  # diagnose's rank-0 finding
     for tag, want in _expected().items():
         hist = {m.step: m.value for m in client.get_metric_history(run.info.run_id, tag)}
         assert hist == pytest.approx(want, rel=1e-12), tag

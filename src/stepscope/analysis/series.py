@@ -134,8 +134,7 @@ def rank_heatmap(table: StepTable, column: str = "step_time_s", max_cols: int = 
     width = max(1, -(-(hi - lo + 1) // max_cols))  # steps per column, rounded up
     cols = (hi - lo) // width + 1
     grid = np.full((len(ranks), cols), -np.inf)
-    row_of = {r: i for i, r in enumerate(ranks)}
-    rows = np.array([row_of[int(r)] for r in table["rank"]], dtype=np.int64)
+    rows = np.searchsorted(np.asarray(ranks), table["rank"])  # ranks() is sorted
     vals = table[column].astype(np.float64)
     ok = np.isfinite(vals)
     np.maximum.at(grid, (rows[ok], ((steps[ok] - lo) // width).astype(np.int64)), vals[ok])

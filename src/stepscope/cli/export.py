@@ -32,13 +32,15 @@ def export_cmd(run: Path, target: tuple[str, str], experiment: str, as_json: boo
     accuracy; lr, grad norm, loss scale from the lowest rank), efficiency (the job's step
     time = the slowest rank's, tokens/s over all ranks), system (memory peak in GiB, data
     wait, communication), per-rank step times up to 64 ranks, and the sheet's headline
-    numbers as summary/* at the last step.
+    numbers as summary/* at the last step, the baseline as params (MLflow) or a text table
+    (TensorBoard), and diagnose's findings as text.
     """
     from ..report.export import export_run
 
     kind, dest = target
     loaded = load_run(run)
-    result = export_run(loaded.table, loaded.meta, loaded.sheet, kind, dest, experiment)
+    result = export_run(loaded.table, loaded.meta, loaded.sheet, kind, dest, experiment,
+                        loaded.findings)
     if as_json:
         emit_json(result.to_dict())
         return

@@ -23,7 +23,7 @@ from __future__ import annotations
 import csv
 import importlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from ..analysis.findings import Finding
 from ..analysis.series import MAX_RANK_SERIES, by_step, step_series
 from ..analysis.summary import Sheet
 from ..errors import ConfigError
@@ -44,6 +45,7 @@ _PACKAGES = {"tensorboard": "tensorboardX", "mlflow": "mlflow", "parquet": "pyar
 _MLFLOW_BATCH = 1000
 # MLflow params: values longer than this are cut (500 chars in MLflow < 2.x servers).
 _PARAM_CHARS = 500
+_TAG_CHARS = 5000  # MLflow's limit on a tag value (5,000 characters since MLflow 1.x)
 
 
 @dataclass
@@ -99,6 +101,16 @@ def _summary_metrics(sheet: Sheet | None) -> dict[str, float]:
             if isinstance(v := getattr(sheet, k), (int, float)) and math.isfinite(v)}
 
 
+def _findings_md(findings: Sequence[Finding]) -> str:
+    if not findings:
+        return "No findings."
+    return "\n".join(f"- **{f.severity}** {f.category}"
+                     + (f" (rank {f.rank})" if f.rank is not None else "")
+                     + (f", steps {f.steps[0]}-{f.steps[1]}" if f.steps else "")
+                     + f": {f.message}" + (f" Next: {f.recommendation}" if f.recommendation
+                                           else "") for f in findings)
+
+
 def _points(series: dict[str, tuple[AnyArray, AnyArray]]
             ) -> Iterator[tuple[str, int, float]]:
     for tag, (steps, vals) in series.items():
@@ -106,8 +118,8 @@ def _points(series: dict[str, tuple[AnyArray, AnyArray]]
             yield tag, int(s), float(v)
 
 
-def _to_tensorboard(table: StepTable, meta: RunMeta, sheet: Sheet | None, dest: Path,
-                    result: Exported) -> None:
+def _to_tensorboard(table: StepTable, meta: RunMeta, sheet: Sheet | None,
+                    findings: Sequence[Finding], dest: Path, result: Exported) -> None:
     tbx = _require("tensorboard")
     series = step_series(table)
     wall = _wall_times(table)
@@ -124,6 +136,7 @@ def _to_tensorboard(table: StepTable, meta: RunMeta, sheet: Sheet | None, dest: 
         writer.add_text("run", "\n".join(
             [f"stepscope run `{meta.name or meta.run_id}` ({meta.status})", "",
              "| variable | value |", "|---|---|", *lines]), global_step=0)
+        writer.add_text("findings", _findings_md(findings), global_step=last)
     finally:
         writer.close()
     result.series = len(series)
@@ -134,8 +147,8 @@ def _mlflow_status(status: str) -> str:
                                                                                  "KILLED")
 
 
-def _to_mlflow(table: StepTable, meta: RunMeta, sheet: Sheet | None, uri: str,
-               experiment: str, result: Exported) -> None:
+def _to_mlflow(table: StepTable, meta: RunMeta, sheet: Sheet | None,
+               findings: Sequence[Finding], uri: str, experiment: str, result: Exported) -> None:
     mlflow = _require("mlflow")
     from mlflow.entities import Metric, Param, RunTag  # the mlflow package, checked above
 
@@ -154,7 +167,10 @@ def _to_mlflow(table: StepTable, meta: RunMeta, sheet: Sheet | None, uri: str,
     last = int(table["step"].max())
     metrics += [Metric(k, v, fallback_ms, last) for k, v in _summary_metrics(sheet).items()]
     params = [Param(k, v) for k, v in _params(meta).items()]
-    tags = [RunTag("stepscope.command", " ".join(meta.command or [])[:_PARAM_CHARS])]
+    # A tag, not an artifact: artifacts of a SQLite-backed store land in the current
+    # directory (./mlruns), which is not the user's to write into.
+    tags = [RunTag("stepscope.command", " ".join(meta.command or [])[:_PARAM_CHARS]),
+            RunTag("stepscope.findings", _findings_md(findings)[:_TAG_CHARS])]
     client.log_batch(rid, params=params, tags=tags)
     for i in range(0, len(metrics), _MLFLOW_BATCH):
         client.log_batch(rid, metrics=metrics[i:i + _MLFLOW_BATCH])
@@ -188,20 +204,22 @@ def export_table(table: StepTable, meta: RunMeta, target: str, dest: Path) -> in
 
 
 def export_run(table: StepTable, meta: RunMeta, sheet: Sheet | None, target: str,
-               destination: str, experiment: str = "stepscope") -> Exported:
-    """Write the run to ``target`` (one of TARGETS) at ``destination``."""
+               destination: str, experiment: str = "stepscope",
+               findings: Sequence[Finding] = ()) -> Exported:
+    """Write the run to ``target`` (one of TARGETS) at ``destination``; ``findings`` (from
+    ``diagnose``) go in as text."""
     if target not in TARGETS:
         raise ConfigError(f"unknown export target {target!r}; expected one of "
                           f"{', '.join(TARGETS)}")
     result = Exported(target, destination)
     if target == "mlflow":
-        _to_mlflow(table, meta, sheet, destination, experiment, result)
+        _to_mlflow(table, meta, sheet, findings, destination, experiment, result)
         return result
     dest = Path(destination)
     if target == "tensorboard":
         _require("tensorboard")
         dest.mkdir(parents=True, exist_ok=True)
-        _to_tensorboard(table, meta, sheet, dest, result)
+        _to_tensorboard(table, meta, sheet, findings, dest, result)
     else:
         if target == "parquet":
             _require("parquet")

@@ -5,7 +5,8 @@ page (``assets/dashboard.html``) with its vendored scripts (uPlot, no CDN: it wo
 air-gapped cluster) and a small JSON API the page polls while a run is live:
 
     GET /api/runs?where=EXPR&where=EXPR&sort=-mfu&q=TEXT   run list (the index)
-    GET /api/run?path=REL                                    sheet, findings, events, profile
+    GET /api/run?path=REL[&findings=0]                       sheet, findings, events, profile
+    GET /api/findings?path=REL                               diagnose's findings
     GET /api/series?path=REL&max_points=N                    per-step series for the charts
     GET /api/compare?a=REL&b=REL                             the A/B verdict
 
@@ -126,7 +127,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(200, self.server.board.runs(q.get("where", []), one.get("sort"),
                                                        one.get("q", "")))
             elif url.path == "/api/run":
-                self._json(200, self.server.board.run(one.get("path", "")))
+                self._json(200, self.server.board.run(one.get("path", ""),
+                                                      one.get("findings") != "0"))
+            elif url.path == "/api/findings":
+                self._json(200, self.server.board.findings(one.get("path", "")))
             elif url.path == "/api/series":
                 points = max(100, min(int(one.get("max_points", 2000)), 20000))
                 self._json(200, self.server.board.series(one.get("path", ""), points,

@@ -56,6 +56,7 @@ class _Loaded:
     sheet: Sheet
     problems: list[str]
     skipped: int
+    findings: list[Finding] | None = None  # diagnosed on first request (the slow part)
 
 
 def _floats(a: AnyArray) -> list[float | None]:
@@ -87,7 +88,11 @@ class Dashboard:
         self._lock = threading.Lock()
         self._indexed_at = -math.inf
         self._skipped: list[dict[str, str]] = []
+        self._known: set[str] = set()
         self._cache: OrderedDict[str, _Loaded] = OrderedDict()
+        # One loader per run at a time: the page asks for a run's sheet and series at once,
+        # and the second request should wait for the first read, not read it again.
+        self._loading: dict[str, threading.Lock] = {}
 
     # -- the run list ------------------------------------------------------------------
     def _refresh(self) -> None:
@@ -96,6 +101,7 @@ class Dashboard:
                 return
             result = build_index(self.root, self.db)
             self._skipped = [{"path": s.path, "reason": s.reason} for s in result.skipped]
+            self._known = {r["path"] for r in query_index(self.db)}
             self._indexed_at = time.monotonic()
 
     def runs(self, where: Sequence[str] = (), sort: str | None = None, q: str = ""
@@ -113,14 +119,19 @@ class Dashboard:
 
     def _path_of(self, rel: str) -> Path:
         self._refresh()
-        known = {r["path"] for r in query_index(self.db)}
-        if rel not in known:
+        if rel not in self._known:
             raise NotFound(f"no run {rel!r} under {self.root}")
         return self.root if rel == "." else self.root / rel
 
     # -- one run -----------------------------------------------------------------------
     def _load(self, rel: str) -> _Loaded:
         path = self._path_of(rel)
+        with self._lock:
+            gate = self._loading.setdefault(rel, threading.Lock())
+        with gate:
+            return self._load_locked(rel, path)
+
+    def _load_locked(self, rel: str, path: Path) -> _Loaded:
         sig = _dir_signature(path)
         with self._lock:
             hit = self._cache.get(rel)
@@ -138,11 +149,28 @@ class Dashboard:
                 self._cache.popitem(last=False)
         return loaded
 
-    def run(self, rel: str) -> dict[str, Any]:
-        """Sheet, findings, events, identity and environment, and the latest profile."""
+    def run(self, rel: str, with_findings: bool = True) -> dict[str, Any]:
+        """Sheet, events, identity and environment, the latest profile, and (unless
+        ``with_findings`` is false: the page asks for them after its first paint) findings."""
         loaded = self._load(rel)
-        return run_doc(rel, RunDir.open(self._path_of(rel)), loaded.table, loaded.meta,
-                       loaded.sheet, loaded.problems)
+        run = RunDir.open(self._path_of(rel))
+        findings = self._findings(rel, loaded, run) if with_findings else []
+        return run_doc(rel, run, loaded.table, loaded.meta, loaded.sheet, loaded.problems,
+                       findings)
+
+    def findings(self, rel: str) -> dict[str, Any]:
+        """diagnose's findings of one run (cached with the loaded run)."""
+        loaded = self._load(rel)
+        found = self._findings(rel, loaded, RunDir.open(self._path_of(rel)))
+        return {"path": rel, "findings": [f.to_dict() for f in found]}
+
+    def _findings(self, rel: str, loaded: _Loaded, run: RunDir) -> list[Finding]:
+        with self._loading.setdefault(rel, threading.Lock()):
+            if loaded.findings is None:
+                events, _ = run.read_events()
+                loaded.findings = (diagnose(loaded.table, loaded.meta, events=events).findings
+                                   if len(loaded.table) else [])
+            return loaded.findings
 
     def series(self, rel: str, max_points: int = 2000, heat_cols: int = 600,
                steps: tuple[int, int] | None = None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ const TOKEN = new URLSearchParams(location.search).get("token");
 const api = async (path, params = {}) => {
   if (OFFLINE) {
     if (path === "run" || path === "series") return OFFLINE[path];
+    if (path === "findings") return { findings: OFFLINE.run.findings };
     throw new Error("this report is a single run; `stepscope serve` shows the others");
   }
   const q = new URLSearchParams();
@@ -362,16 +363,18 @@ async function showRun(path) {
   $("#where-am-i").textContent = path;
   app().innerHTML = '<p class="muted">Loading run…</p>';
   let doc, ser;
-  try { [doc, ser] = await Promise.all([api("run", { path }), api("series", { path })]); }
+  // First paint from the sheet and the series; diagnose (slower) fills the findings after.
+  try { [doc, ser] = await Promise.all([api("run", { path, findings: "0" }), api("series", { path })]); }
   catch (e) { app().innerHTML = `<p class="err">${esc(e.message)}</p>`; return; }
   const m = doc.meta;
+  let findings = doc.findings.length ? doc.findings : null;
   app().innerHTML = `
     <h2>${esc(m.name || m.run_id)} <span class="badge ${esc(m.status)}">${esc(m.status)}</span></h2>
     <div class="muted">${esc(path)} · created ${esc(m.created_utc)} · run ${esc(m.run_id)}</div>
     ${m.error ? `<p class="err">${esc(m.error)}</p>` : ""}
     ${m.command ? `<pre>${esc(m.command.join(" "))}</pre>` : ""}
     ${sheetCards(doc.sheet, m)}
-    <h2>Findings</h2><div id="findings">${findingsList(doc.findings)}</div>
+    <h2>Findings</h2><div id="findings"><p class="muted">Diagnosing…</p></div>
     <h2>Charts</h2>
     <div class="controls">x axis:
       <select id="axis"><option value="step">step</option><option value="tokens">tokens</option>
@@ -402,14 +405,23 @@ async function showRun(path) {
   $("#axis").value = runState.axis;
   $("#axis").addEventListener("change", (e) => { runState.axis = e.target.value; redraw(); });
   $("#smooth").addEventListener("change", (e) => { runState.smooth = +e.target.value; redraw(); });
-  $("#findings").querySelectorAll("a[data-f]").forEach((a) => a.addEventListener("click", () => {
-    const f = doc.findings[+a.dataset.f];
-    const lo = f.steps[0] - 10, hi = f.steps[1] + 10;
-    runState.axis = "step"; $("#axis").value = "step"; redraw();
-    charts.forEach((c) => c.setScale("x", { min: lo, max: hi }));
-    $("#charts").scrollIntoView();
-  }));
+  const showFindings = () => {
+    doc.findings = findings || [];
+    $("#findings").innerHTML = findingsList(doc.findings);
+    $("#findings").querySelectorAll("a[data-f]").forEach((a) => a.addEventListener("click", () => {
+      const f = doc.findings[+a.dataset.f];
+      const lo = f.steps[0] - 10, hi = f.steps[1] + 10;
+      runState.axis = "step"; $("#axis").value = "step"; redraw();
+      charts.forEach((c) => c.setScale("x", { min: lo, max: hi }));
+      $("#charts").scrollIntoView();
+    }));
+  };
   redraw();
+  const diagnose = async () => {
+    try { findings = (await api("findings", { path })).findings; } catch (e) { return; }
+    showFindings(); redraw();
+  };
+  if (findings) showFindings(); else diagnose();
   drawHeatmap($("#heat"), ser.heatmap);
   if (m.status === "running" && !OFFLINE) {
     $("#live").hidden = false;
@@ -417,8 +429,9 @@ async function showRun(path) {
     timers.push(setInterval(async () => {  // within 2 s of new records: poll every second
       if (busy || windowed) return;
       busy = true;
-      try { [doc, ser] = await Promise.all([api("run", { path }), api("series", { path })]); }
+      try { [doc, ser] = await Promise.all([api("run", { path, findings: "0" }), api("series", { path })]); }
       catch (e) { return; } finally { busy = false; }
+      doc.findings = findings || [];
       redraw(); drawHeatmap($("#heat"), ser.heatmap);
       if (doc.meta.status !== "running") { $("#live").hidden = true; timers.forEach(clearInterval); }
     }, 1000));
