@@ -10,8 +10,9 @@ a dense figure is never mixed with a sparse one: feeding 1979e12 for an H100 hal
 Names are matched as frameworks report them: ``torch.cuda.get_device_name()`` ("NVIDIA H100
 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB", "AMD Instinct MI300X"),
 ``torch_npu``/MindSpore/``npu-smi`` ("Ascend910B2"), JAX/torch_xla device kinds ("TPU v5
-lite"). CPU peaks depend on the microarchitecture and clock of the machine, see
-:func:`host_cpu_peak` (in :mod:`stepscope.calc.cpu`).
+lite"). CPU peaks depend on the microarchitecture and clock of the machine: see
+:mod:`stepscope.calc.cpu` (pure, from host facts) and :func:`stepscope.envinfo.cpu_peak_here`
+(which reads them); "cpu" is resolved there, never here.
 
 Example::
 
@@ -25,7 +26,6 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import UnknownDeviceError
-from .cpu import explain_host_cpu_peak, host_cpu_peak
 
 __all__ = [
     "PeakEntry",
@@ -36,8 +36,7 @@ __all__ = [
     "lookup_peak",
     "explain_miss",
     "require_peak",
-    "host_cpu_peak",
-    "explain_host_cpu_peak",
+    "is_host_cpu",
 ]
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -249,16 +248,21 @@ def explain_miss(device_name: str, dtype: str = "bf16") -> str:
             "pass --peak-tflops P to give the dense peak per device")
 
 
+def is_host_cpu(device_name: str) -> bool:
+    """True for the names that mean "this machine's CPU" (resolved by the caller)."""
+    return device_name.strip().lower() in ("cpu", "host", "host-cpu")
+
+
 def require_peak(device_name: str, dtype: str = "bf16") -> PeakEntry:
     """:func:`lookup_peak` that raises :class:`UnknownDeviceError` with the explanation.
 
-    ``device_name`` "cpu" means this machine's CPU (:func:`host_cpu_peak`).
+    "cpu" needs this host's facts: the caller resolves it with
+    :func:`stepscope.envinfo.cpu_peak_here` (a pure calculator reads no /proc).
     """
-    if device_name.strip().lower() in ("cpu", "host", "host-cpu"):
-        entry = host_cpu_peak(normalize_dtype(dtype))
-        if entry is None:
-            raise UnknownDeviceError(explain_host_cpu_peak(normalize_dtype(dtype)))
-        return entry
+    if is_host_cpu(device_name):
+        raise UnknownDeviceError("the 'cpu' peak depends on this host (microarchitecture, "
+                                 "clock, cores): resolve it with "
+                                 "stepscope.envinfo.cpu_peak_here(), or pass --peak-tflops")
     entry = lookup_peak(device_name, dtype)
     if entry is None:
         raise UnknownDeviceError(explain_miss(device_name, dtype))

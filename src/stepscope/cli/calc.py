@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 import click
 
 from ..calc.flops import CONVENTIONS, RECOMPUTE, ModelSpec, flops_per_token, hfu, mfu
-from ..calc.hardware import PeakEntry, require_peak
+from ..calc.hardware import PeakEntry, is_host_cpu, normalize_dtype, require_peak
 from ..calc.memory import MEMORY_CONVENTIONS, MemoryEstimate, estimate
 from ..calc.plan import DEFAULT_HEADROOM, plan, smallest_need
-from ..errors import ConfigError
+from ..errors import ConfigError, UnknownDeviceError
 from . import cli
 from .report import emit_json
 
@@ -124,6 +124,12 @@ def _spec(kw: dict[str, Any], need_shape: bool = True) -> ModelSpec | None:
               "'cpu' for this machine.")
 @click.option("--dtype", default="bf16", show_default=True, help="fp32, tf32, bf16, fp16, fp8.")
 @click.option("--peak-tflops", type=NUMBER, default=None, help="Dense peak per device, TFLOP/s.")
+@click.option("--cores", type=COUNT, default=None,
+              help="--device cpu: threads the run used (default: every core this process "
+              "may use; stepscope run counts the framework's intra-op threads).")
+@click.option("--cpu-clock-ghz", type=NUMBER, default=None,
+              help="--device cpu: a measured or all-core clock (default: cpufreq maximum, "
+              "else the microarchitecture's boost ceiling, so MFU is never overstated).")
 @click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True)
 @click.option("--recompute-fraction", type=float, default=1.0, show_default=True,
               help="Share of the dense forward re-run by full recompute (PaLM 540B: 0.75).")
@@ -183,6 +189,14 @@ def _peak(kw: dict[str, Any]) -> PeakEntry:
     if kw["device"] is None:
         raise ConfigError("give --device NAME (as torch.cuda.get_device_name() prints it, or "
                           "'cpu') or --peak-tflops P")
+    if is_host_cpu(kw["device"]):
+        from ..envinfo import cpu_peak_here
+
+        clock = kw["cpu_clock_ghz"] * 1e3 if kw["cpu_clock_ghz"] else None
+        entry, why = cpu_peak_here(normalize_dtype(kw["dtype"]), kw["cores"], clock)
+        if entry is None:
+            raise UnknownDeviceError(why)
+        return entry
     return require_peak(kw["device"], kw["dtype"])
 
 
