@@ -127,7 +127,7 @@ def test_plan_70b_on_64x80gb_agrees_with_memory(capsys: pytest.CaptureFixture[st
     # The same flags through `stepscope memory` give the same bytes, for a sample of layouts.
     for lay in layouts[:: max(1, len(layouts) // 6)]:
         mem = run_json(capsys, "memory", *LLAMA2_70B, *lay["flags"].split())
-        assert mem == lay["memory"]
+        assert {k: mem[k] for k in lay["memory"]} == lay["memory"]
 
 
 def test_plan_python_matches_estimate() -> None:
