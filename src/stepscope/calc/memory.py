@@ -95,6 +95,7 @@ class MemoryEstimate:
     convention: str = "zero"
     breakdown: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    expert_params_per_device: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict (the CLI's ``memory --json`` keys first)."""
@@ -105,7 +106,7 @@ class MemoryEstimate:
             "activations_bytes": self.activations_bytes, "total_bytes": self.total_bytes,
             "host_bytes": self.host_bytes, "params_per_device": self.params_per_device,
             "convention": self.convention, "breakdown": dict(self.breakdown),
-            "notes": list(self.notes),
+            "notes": list(self.notes), "expert_params_per_device": self.expert_params_per_device,
         }
 
 
@@ -274,7 +275,7 @@ def estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1
                      "here; DeepSpeed's estimator adds 4 x the largest layer)")
     act, breakdown = _activations(spec, micro_batch, tp, pp, cp, sequence_parallel, recompute,
                                   num_microbatches, virtual_stages, flash_attention, notes)
-    return _result(w, g, o, act, host, dense + expert, convention, breakdown, notes)
+    return _result(w, g, o, act, host, dense + expert, convention, breakdown, notes, expert)
 
 
 def _activations(spec: ModelSpec | None, micro_batch: int, tp: int, pp: int, cp: int,
@@ -308,12 +309,14 @@ def estimate_memory(num_params: float, dp: int = 1, zero_stage: int = 0,
 
 
 def _result(w: float, g: float, o: float, act: float, host: float, per_dev: float,
-            convention: str, breakdown: dict[str, float], notes: list[str]) -> MemoryEstimate:
+            convention: str, breakdown: dict[str, float], notes: list[str],
+            expert: float = 0.0) -> MemoryEstimate:
     states = w + g + o
     return MemoryEstimate(weights_bytes=w, grads_bytes=g, optimizer_bytes=o,
                           model_states_bytes=states, activations_bytes=act,
                           total_bytes=states + act, host_bytes=host, params_per_device=per_dev,
-                          convention=convention, breakdown=breakdown, notes=tuple(notes))
+                          convention=convention, breakdown=breakdown, notes=tuple(notes),
+                          expert_params_per_device=expert)
 
 
 def deepspeed_estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1,

@@ -129,6 +129,7 @@ class ModelSource:
         self.used, self.ignored = used or [], ignored or []
         self.notes = notes or []
         self.flags = flags  # the shape flags that reproduce the model (for pasting)
+        self.seq_len: int | None = None  # --seq-len given beside --hf-config
 
     def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "model_type": self.model_type, "used": self.used,
