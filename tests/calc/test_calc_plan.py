@@ -115,3 +115,18 @@ def test_step_time_tp_message_sizes() -> None:
                        peak_flops=1e15, model_flops_per_token=1e9,
                        hardware_flops_per_token=1e9, links=links, devices_per_node=2)
     assert across.comm["tp"][0] == pytest.approx(expected * 10)  # over the slower link
+
+
+def test_plan_from_hf_config_prints_a_pasteable_command(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from test_calc_hf_config import CONFIGS
+
+    path = str(CONFIGS / "mixtral-8x7b-v0.1.json")
+    r = run_json(capsys, "plan", "--hf-config", path, "--seq-len", "4096", "--devices", "32",
+                 "--device-memory-gb", "80", "--global-batch", "128", *H100)
+    layouts = r["layouts"]
+    assert isinstance(layouts, list) and layouts
+    command = layouts[0]["memory_command"]
+    assert command.startswith(f"stepscope memory --hf-config {path} --seq-len 4096 ")
+    mem = run_json(capsys, *command.split()[1:])
+    assert mem["total_bytes"] == layouts[0]["memory"]["total_bytes"]

@@ -211,6 +211,9 @@ def model_states(params: float, dp: int = 1, zero: int = 0, optimizer: str = "ad
             opt += 4.0 * (adafactor_state_params if adafactor_state_params is not None else 0.0)
             if adafactor_state_params is None:
                 notes.append("adafactor factored statistics not counted (no shape given)")
+        notes.append(f"precision {precision}: {w_b} B weights + {g_b} B grads"
+                     + (" + 4 B fp32 master" if master else "")
+                     + f" + {per_state} B {optimizer} state per parameter")
         opt /= dp if zero >= 1 else 1
         g /= dp if zero >= 2 else 1
         w /= dp if zero >= 3 else 1
