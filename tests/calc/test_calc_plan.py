@@ -43,6 +43,7 @@ def test_deepspeed_never_combines_zero2_3_with_pipeline() -> None:
     layouts = _layouts("deepspeed")
     assert any(lay["zero"] in (2, 3) for lay in layouts)
     assert all(lay["zero"] <= 1 for lay in layouts if int(lay["pp"]) > 1)  # type: ignore
+    assert all(lay["zero"] <= 2 for lay in layouts if int(lay["tp"]) > 1)  # type: ignore
     assert all(lay["cp"] == 1 for lay in layouts)
     assert '"zero_optimization": {"stage": ' in str(layouts[0]["settings"])
 

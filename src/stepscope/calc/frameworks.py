@@ -9,7 +9,8 @@ Constraints (each from the framework's own documentation):
   sequence parallelism, CP, EP dividing the experts.
 * ``deepspeed``: ZeRO stages 0-3; with pipeline parallelism only stages 0 and 1 (its
   pipeline engine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism");
-  TP through AutoTP inside a node; EP through DeepSpeed-MoE; no context parallelism here
+  TP through AutoTP inside a node, which trains with ZeRO stages 0-2 (not 3); EP through
+  DeepSpeed-MoE; no context parallelism here
   (Ulysses is a different split).
 * ``fsdp`` (PyTorch FSDP2 as torchtitan composes it): no sharding (DDP), ZeRO-2
   (``reshard_after_forward=False``) or ZeRO-3 (full sharding); no optimizer-only
@@ -37,11 +38,17 @@ class Framework:
     cp: bool
     ep: bool
     memory_convention: str
+    zeros_with_tp: tuple[int, ...] = (0, 1, 2, 3)
+
+    def stages(self, tp: int, pp: int) -> tuple[int, ...]:
+        """ZeRO-equivalent stages offered with this TP and PP."""
+        return tuple(z for z in self.zeros if (pp == 1 or z in self.zeros_with_pp)
+                     and (tp == 1 or z in self.zeros_with_tp))
 
 
 FRAMEWORKS = {
     "megatron": Framework("megatron", (0, 1), (0, 1), True, True, "megatron"),
-    "deepspeed": Framework("deepspeed", (0, 1, 2, 3), (0, 1), False, True, "zero"),
+    "deepspeed": Framework("deepspeed", (0, 1, 2, 3), (0, 1), False, True, "zero", (0, 1, 2)),
     "fsdp": Framework("fsdp", (0, 2, 3), (0, 2, 3), True, True, "zero"),
     "mindspore": Framework("mindspore", (0, 1, 2, 3), (0, 1), False, False, "zero"),
 }

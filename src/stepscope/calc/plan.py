@@ -149,8 +149,7 @@ def smallest_need(spec: ModelSpec, devices: int, *, devices_per_node: int = 8,
     found: tuple[MemoryEstimate, str] | None = None
     for tp, pp, cp, ep in _model_parallel_degrees(spec, devices, devices_per_node, fw):
         dp = devices // (tp * pp * cp)
-        zeros = fw.zeros_with_pp if pp > 1 else fw.zeros
-        zero = max(zeros) if dp * cp > 1 else 0
+        zero = max(fw.stages(tp, pp)) if dp * cp > 1 else 0
         mem = estimate(spec, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, optimizer=optimizer,
                        precision=precision, recompute="full", sequence_parallel=tp > 1,
                        flash_attention=flash_attention, convention=fw.memory_convention)
@@ -190,8 +189,7 @@ def _model_parallel_degrees(spec: ModelSpec, devices: int, devices_per_node: int
 
 def _variants(ctx: _Context, dp: int, tp: int, pp: int, cp: int, ep: int,
               max_micro_batch: int) -> Iterator[Layout]:
-    zeros = ctx.fw.zeros_with_pp if pp > 1 else ctx.fw.zeros
-    zeros = tuple(z for z in zeros if dp * cp > 1 or z == 0)
+    zeros = tuple(z for z in ctx.fw.stages(tp, pp) if dp * cp > 1 or z == 0)
     mb = 1
     while mb <= max_micro_batch:
         if ctx.global_batch % (dp * mb) == 0:
