@@ -189,34 +189,10 @@ def model_states(params: float, dp: int = 1, zero: int = 0, optimizer: str = "ad
         raise ConfigError("--offload params needs --zero 3 (only ZeRO-3 partitions parameters)")
     notes: list[str] = []
     if convention == "megatron":
-        if precision != "bf16-mixed" or optimizer not in ("adam", "adamw") or \
-                grad_dtype == "bf16":
-            raise ConfigError("the megatron convention is mixed-precision Adam (18 B/param); "
-                              "use --convention zero for other precisions or optimizers")
-        if zero > 1:
-            raise ConfigError("the megatron convention has ZeRO-1 only (its distributed "
-                              "optimizer); use --convention zero for stages 2 and 3")
-        w, g = 2.0 * params, 4.0 * params  # bf16 params, fp32 main grads
-        opt = 12.0 * params / (dp if zero == 1 else 1)
-        notes.append("Megatron-LM: 18 B/param" if zero == 0 else "Megatron-LM distributed "
-                     "optimizer: 6 + 12/DP B/param")
+        w, g, opt = _megatron_states(params, dp, zero, optimizer, precision, grad_dtype, notes)
     else:
-        w_b, g_b, s_b, master = _PRECISION_BYTES[precision]
-        per_state = s_b * _STATES[optimizer]
-        if grad_dtype is not None:
-            g_b = 4 if grad_dtype == "fp32" else 2
-        w, g = w_b * params, g_b * params
-        opt = (per_state + (4 if master else 0)) * params
-        if optimizer == "adafactor":
-            opt += 4.0 * (adafactor_state_params if adafactor_state_params is not None else 0.0)
-            if adafactor_state_params is None:
-                notes.append("adafactor factored statistics not counted (no shape given)")
-        notes.append(f"precision {precision}: {w_b} B weights + {g_b} B grads"
-                     + (" + 4 B fp32 master" if master else "")
-                     + f" + {per_state} B {optimizer} state per parameter")
-        opt /= dp if zero >= 1 else 1
-        g /= dp if zero >= 2 else 1
-        w /= dp if zero >= 3 else 1
+        w, g, opt = _zero_states(params, dp, zero, optimizer, precision, grad_dtype,
+                                 adafactor_state_params, notes)
     host = 0.0
     if offload in ("optimizer", "params"):
         host, opt = opt, 0.0
@@ -225,6 +201,40 @@ def model_states(params: float, dp: int = 1, zero: int = 0, optimizer: str = "ad
         host, w = host + w, 0.0
         notes.append("parameters offloaded to host; gathered working layers not modelled")
     return w, g, opt, host, notes
+
+
+def _megatron_states(params: float, dp: int, zero: int, optimizer: str, precision: str,
+                     grad_dtype: str | None, notes: list[str]) -> tuple[float, float, float]:
+    if precision != "bf16-mixed" or optimizer not in ("adam", "adamw") or grad_dtype == "bf16":
+        raise ConfigError("the megatron convention is mixed-precision Adam (18 B/param); "
+                          "use --convention zero for other precisions or optimizers")
+    if zero > 1:
+        raise ConfigError("the megatron convention has ZeRO-1 only (its distributed "
+                          "optimizer); use --convention zero for stages 2 and 3")
+    notes.append("Megatron-LM: 18 B/param" if zero == 0 else "Megatron-LM distributed "
+                 "optimizer: 6 + 12/DP B/param")
+    # bf16 params, fp32 main grads, fp32 master + Adam sharded by the distributed optimizer
+    return 2.0 * params, 4.0 * params, 12.0 * params / (dp if zero == 1 else 1)
+
+
+def _zero_states(params: float, dp: int, zero: int, optimizer: str, precision: str,
+                 grad_dtype: str | None, adafactor_state_params: float | None,
+                 notes: list[str]) -> tuple[float, float, float]:
+    w_b, g_b, s_b, master = _PRECISION_BYTES[precision]
+    per_state = s_b * _STATES[optimizer]
+    if grad_dtype is not None:
+        g_b = 4 if grad_dtype == "fp32" else 2
+    w, g = w_b * params, g_b * params
+    opt = (per_state + (4 if master else 0)) * params
+    if optimizer == "adafactor":
+        opt += 4.0 * (adafactor_state_params if adafactor_state_params is not None else 0.0)
+        if adafactor_state_params is None:
+            notes.append("adafactor factored statistics not counted (no shape given)")
+    notes.append(f"precision {precision}: {w_b} B weights + {g_b} B grads"
+                 + (" + 4 B fp32 master" if master else "")
+                 + f" + {per_state} B {optimizer} state per parameter")
+    return (w / (dp if zero >= 3 else 1), g / (dp if zero >= 2 else 1),
+            opt / (dp if zero >= 1 else 1))
 
 
 def estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1, tp: int = 1,

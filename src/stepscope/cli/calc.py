@@ -98,9 +98,14 @@ def mfu_cmd(**kw: Any) -> None:
     if kw["as_json"]:
         _emit(result)
         return
+    _echo_mfu(result, est, peak, source)
+
+
+def _echo_mfu(result: dict[str, Any], est: FlopsEstimate, peak: PeakEntry,
+              source: ModelSource) -> None:
     click.echo(f"MFU {result['mfu']:.2%}  HFU {result['hfu']:.2%}  "
-               f"({tokens_per_s:,.0f} tokens/s on {kw['devices']} x {peak.device} "
-               f"{peak.dtype} {peak.flops / 1e12:g} TFLOP/s)")
+               f"({result['tokens_per_s']:,.0f} tokens/s on {result['devices']} x "
+               f"{peak.device} {peak.dtype} {peak.flops / 1e12:g} TFLOP/s)")
     click.echo(f"FLOPs/token {est.flops_per_token:,.0f} model, "
                f"{est.hardware_flops_per_token:,.0f} hardware (recompute {est.recompute})")
     click.echo(f"convention {est.convention}: {est.formula}  [{est.source}]")
