@@ -66,6 +66,8 @@ def test_ranking_follows_the_estimate_and_note(capsys: pytest.CaptureFixture[str
     assert len(times) == 5 and times == sorted(times)
     note = out.splitlines()[-1]
     assert note.startswith("note: top five: #1 ") and "#5 " in note and "Llama 3" in note
+    assert re.search(r"best estimate \(MFU [\d.]+%\) is (above|within|below) the 38%-52%",
+                     note)
 
 
 def test_moe_plan_uses_expert_parallelism(capsys: pytest.CaptureFixture[str]) -> None:

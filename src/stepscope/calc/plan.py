@@ -218,7 +218,8 @@ def _layout(ctx: _Context, degrees: tuple[int, int, int, int, int], zero: int, r
     timing = step_time(spec, shape, global_batch=ctx.global_batch, peak_flops=ctx.peak_flops,
                        model_flops_per_token=est.flops_per_token,
                        hardware_flops_per_token=est.hardware_flops_per_token, links=ctx.links,
-                       devices_per_node=ctx.devices_per_node, efficiency=ctx.efficiency)
+                       devices_per_node=ctx.devices_per_node, efficiency=ctx.efficiency,
+                       attention_flops_per_token=est.attention_flops_per_token)
     bubble = (pp - 1) / (m + pp - 1)
     gib = 2.0 ** 30
     why = (f"{timing.step_s:.2f} s/step, {timing.tokens_per_s:,.0f} tokens/s, MFU "

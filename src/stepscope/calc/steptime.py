@@ -15,7 +15,8 @@ bytes over n ranks moves 2(n-1)/n x M per rank, an all-gather, reduce-scatter or
 * expert parallel: 4 all-to-alls (dispatch and combine, forward and backward) of
   s*b*h*2*top_k bytes per MoE layer per micro-batch, exposed;
 * context parallel (ring attention): each rank passes its K/V chunk (s/cp)*b*2*kv*2 bytes
-  cp-1 times forward and twice that backward, overlappable with the attention compute;
+  cp-1 times forward and twice that backward, overlappable with the attention-core compute
+  (exposed: what exceeds it);
 * pipeline: the activation s*b*h*2 bytes sent forward and its gradient back per micro-batch
   (counted exposed), and the 1F1B bubble: stage time x (m + p - 1)/m, i.e. the bubble is
   (p-1)/(m+p-1) of the step (Narayanan et al. 2021 Sec. 2.2);
@@ -125,8 +126,8 @@ def _bw(links: Links, span: int, devices_per_node: int) -> float:
 
 def step_time(spec: ModelSpec, lay: LayoutShape, *, global_batch: int, peak_flops: float,
               model_flops_per_token: float, hardware_flops_per_token: float, links: Links,
-              devices_per_node: int = 8,
-              efficiency: float = DEFAULT_EFFICIENCY) -> StepEstimate:
+              devices_per_node: int = 8, efficiency: float = DEFAULT_EFFICIENCY,
+              attention_flops_per_token: float = 0.0) -> StepEstimate:
     """Estimated seconds per optimizer step of ``lay`` (see the module docstring)."""
     if not 0 < efficiency <= 1:
         raise ConfigError(f"compute efficiency must be in (0, 1], got {efficiency}")
@@ -151,7 +152,8 @@ def step_time(spec: ModelSpec, lay: LayoutShape, *, global_batch: int, peak_flop
     if lay.cp > 1:
         kv = (spec.seq_len / lay.cp) * lay.micro_batch * 2 * spec.kv_width * 2.0
         t = layers * m * 3 * (lay.cp - 1) * kv / _bw(links, lay.tp * lay.cp, devices_per_node)
-        comm["cp"] = (t, max(0.0, t - compute))
+        window = compute * attention_flops_per_token / hardware_flops_per_token
+        comm["cp"] = (t, max(0.0, t - window))
     if p > 1:
         t = m * 2 * act / _bw(links, devices, devices_per_node)
         comm["pp"] = (t, t)

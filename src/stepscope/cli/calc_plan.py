@@ -17,9 +17,10 @@ from .calc_options import COUNT, NUMBER, ModelSource, model_options, resolve_spe
 __all__ = ["plan_cmd", "source_flags"]
 
 # Published MFU of comparable layouts, for the closing note (each with its source).
-_PUBLISHED = ("published MFU for dense models on H100 with Megatron-style TP x PP x DP: "
-              "38-43% for Llama 3 405B on 8k-16k GPUs (Llama 3 paper, Dubey et al. 2024, "
-              "Table 4); 52% of peak for GPT-3 175B on A100 (Narayanan et al. 2021, Table 1)")
+_PUBLISHED = ("38-43% for Llama 3 405B on 8k-16k H100 with TP8 x PP16 x CP x DP (Llama 3 "
+              "paper, Dubey et al. 2024, Table 4); 52% of peak for GPT-3 175B on A100 with "
+              "Megatron TP x PP x DP (Narayanan et al. 2021, Table 1)")
+_PUBLISHED_RANGE = (0.38, 0.52)
 
 
 def source_flags(source: ModelSource) -> str:
@@ -144,6 +145,12 @@ def _echo(layouts: list[Any], kw: dict[str, Any], model: str, peak: float,
         click.echo(f"    stepscope memory {model} {lay.flags()}")
     top = ", ".join(f"#{i} {lay.estimate.step_s:.2f} s / MFU {lay.estimate.mfu:.1%}"
                     for i, lay in enumerate(layouts[:5], 1) if lay.estimate)
-    click.echo(f"note: top five: {top}. The estimate assumes the stated compute efficiency "
-               "and peak link bandwidths (a lower bound on time); " + _PUBLISHED
-               + ". Measure one step with stepscope run before trusting the ranking.")
+    best = layouts[0].estimate.mfu if layouts[0].estimate else 0.0
+    where = ("above" if best > _PUBLISHED_RANGE[1] else "below" if best < _PUBLISHED_RANGE[0]
+             else "within")
+    click.echo(f"note: top five: {top}. The best estimate (MFU {best:.1%}) is {where} the "
+               f"{_PUBLISHED_RANGE[0]:.0%}-{_PUBLISHED_RANGE[1]:.0%} published for similar "
+               f"layouts: {_PUBLISHED}. The estimate assumes the stated compute efficiency "
+               "for every matmul size and peak link bandwidths (a lower bound on time; "
+               "smaller per-device chunks under TP/CP run slower than modelled): measure "
+               "one step with stepscope run before trusting the ranking.")
