@@ -26,7 +26,7 @@ from ..calc.memory import MEMORY_CONVENTIONS, MemoryEstimate, estimate
 from ..calc.plan import DEFAULT_HEADROOM, plan, smallest_need
 from ..errors import ConfigError
 from . import cli
-from .report import emit_json
+from .common import emit_json
 
 __all__ = ["parse_number", "NUMBER", "COUNT"]
 
