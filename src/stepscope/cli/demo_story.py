@@ -19,7 +19,7 @@ from rich.text import Text
 
 from ..analysis.advice import advise
 from ..analysis.isolation import ISOLATION_EVENT, data_isolation_verdict, isolation_finding
-from ..report.terminal import fmt_num, fmt_pct
+from ..report.fmt import fmt_num, fmt_pct
 from ..store import RunDir
 from .demo_train import train_demo
 from .sheet import LoadedRun
