@@ -18,12 +18,17 @@ drifts of a shared machine hit every command alike, and prints medians and ratio
   ``--hta-python`` (default ``.venv-hta/bin/python``; make it with
   ``python3 -m venv .venv-hta && .venv-hta/bin/pip install holistictraceanalysis==0.5.0``;
   skipped with a message when absent). Target: stepscope >= 8x faster.
+
+``--baseline-src DIR`` also times both stepscope commands with the package found in DIR
+(e.g. ``git archive <commit> src | tar -x -C /tmp/old``, then ``/tmp/old/src``) in the
+same interleaved run, for before/after numbers from one machine state.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import statistics
 import subprocess
 import sys
@@ -41,6 +46,7 @@ HELP_MAX_RATIO = 15.0
 TRACE_MIN_SPEEDUP = 8.0
 # Copies of the source trace's steps: 2 x the largest shared trace = 218k events.
 TRACE_COPIES = 2
+HTA = "HTA load + temporal breakdown"
 
 
 def shared_traces() -> Path | None:
@@ -64,10 +70,14 @@ def stepscope_argv(*args: str) -> list[str]:
             *args]
 
 
-def time_once(argv: list[str]) -> float:
+Cmd = tuple[list[str], dict[str, str] | None]  # argv, environment (None: inherited)
+
+
+def time_once(cmd: Cmd) -> float:
+    argv, env = cmd
     t0 = time.perf_counter()
     res = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         timeout=600)
+                         timeout=600, env=env)
     dt = time.perf_counter() - t0
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} ... failed ({res.returncode}): "
@@ -75,13 +85,13 @@ def time_once(argv: list[str]) -> float:
     return dt
 
 
-def interleaved(cmds: dict[str, list[str]], runs: int) -> dict[str, list[float]]:
+def interleaved(cmds: dict[str, Cmd], runs: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {k: [] for k in cmds}
-    for argv in cmds.values():  # one untimed warm-up each: page cache, .pyc files
-        time_once(argv)
+    for cmd in cmds.values():  # one untimed warm-up each: page cache, .pyc files
+        time_once(cmd)
     for _ in range(runs):
-        for name, argv in cmds.items():
-            out[name].append(time_once(argv))
+        for name, cmd in cmds.items():
+            out[name].append(time_once(cmd))
     return out
 
 
@@ -100,7 +110,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=9, help="timed runs per command")
     ap.add_argument("--trace", type=Path, default=None, help="Kineto trace to scale up")
     ap.add_argument("--hta-python", type=Path, default=DEFAULT_HTA)
+    ap.add_argument("--baseline-src", type=Path, default=None,
+                    help="a src/ folder of another stepscope version to time alongside")
     args = ap.parse_args()
+    base_env = (dict(os.environ, PYTHONPATH=str(args.baseline_src.resolve()))
+                if args.baseline_src else None)
     root = shared_traces()
     src = args.trace or (largest_kineto(root) if root else None)
     use_hta = args.hta_python.exists()
@@ -108,29 +122,34 @@ def main() -> None:
         print(f"HTA skipped: {args.hta_python} not found (python3 -m venv .venv-hta && "
               ".venv-hta/bin/pip install holistictraceanalysis==0.5.0)")
     with tempfile.TemporaryDirectory(prefix="cli_start_") as tmp:
-        cmds = {"python -c pass": [sys.executable, "-c", "pass"],
-                "stepscope --help": stepscope_argv("--help")}
+        cmds: dict[str, Cmd] = {"python -c pass": ([sys.executable, "-c", "pass"], None),
+                                "stepscope --help": (stepscope_argv("--help"), None)}
+        if base_env:
+            cmds["baseline: stepscope --help"] = (stepscope_argv("--help"), base_env)
         if src is None:
             print("trace skipped: no Kineto trace under shared/data/traces; pass --trace")
         else:
             d, n = make_trace(src, Path(tmp))
             print(f"trace: {TRACE_COPIES} x {src.name} = {n:,} events")
-            cmds["stepscope trace --json"] = stepscope_argv(
-                "trace", str(d / "rank0.pt.trace.json.gz"), "--json")
+            trace_argv = stepscope_argv("trace", str(d / "rank0.pt.trace.json.gz"), "--json")
+            cmds["stepscope trace --json"] = (trace_argv, None)
+            if base_env:
+                cmds["baseline: stepscope trace --json"] = (trace_argv, base_env)
             if use_hta:
-                cmds["HTA load + temporal breakdown"] = [str(args.hta_python), "-c",
-                                                          HTA_CHILD, str(d)]
+                cmds[HTA] = ([str(args.hta_python), "-c", HTA_CHILD, str(d)], None)
         times = interleaved(cmds, args.runs)
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in times.items():
         print(f"{k:>32}: median {med[k] * 1e3:8.1f} ms  (min {min(v) * 1e3:.1f}, "
               f"max {max(v) * 1e3:.1f}, {len(v)} runs)")
-    ratio = med["stepscope --help"] / med["python -c pass"]
-    print(f"--help / bare interpreter: {ratio:.1f}x (target <= {HELP_MAX_RATIO:.0f}x)")
-    if "HTA load + temporal breakdown" in med:
-        speed = med["HTA load + temporal breakdown"] / med["stepscope trace --json"]
-        print(f"HTA / stepscope trace (whole process): {speed:.1f}x "
-              f"(target >= {TRACE_MIN_SPEEDUP:.0f}x)")
+    bare = med["python -c pass"]
+    for prefix in ("", "baseline: ") if base_env else ("",):
+        print(f"{prefix}--help / bare interpreter: {med[prefix + 'stepscope --help'] / bare:.1f}x "
+              f"(target <= {HELP_MAX_RATIO:.0f}x)")
+        trace = med.get(prefix + "stepscope trace --json")
+        if HTA in med and trace:
+            print(f"{prefix}HTA / stepscope trace (whole process): {med[HTA] / trace:.1f}x "
+                  f"(target >= {TRACE_MIN_SPEEDUP:.0f}x)")
 
 
 if __name__ == "__main__":
