@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from .errors import ConfigError
 from .integrations.torch.auto import parse_steps
 from .schema import RunMeta
@@ -196,20 +198,18 @@ def _first_crash(run: RunDir) -> tuple[int | None, str | None]:
 
 
 def analyze_profiles(prof_dir: Path) -> dict[str, Any]:
-    """Run the trace analysis on the captured per-rank traces, when it is available.
+    """Run the trace analysis on the captured per-rank traces.
 
     The result is written beside the capture (``profiles/<stamp>.analysis.json``, outside
-    the capture directory so that trace readers never see it) and returned. Without the
-    trace reader, or on a reader error, the traces are simply archived; the dict says so.
+    the capture directory so that trace readers never see it) and returned. On a reader
+    error the traces are simply archived; the dict says so.
     """
     files = sorted(p.name for p in prof_dir.glob("*.json"))
     if not files:
         return {"status": "no traces captured (did the run reach the profiled steps?)"}
-    try:
-        from .analysis.trace.breakdown import analyze
-        from .traces import read_trace
-    except ImportError:
-        return {"status": "archived (trace analysis not available)", "files": files}
+    from .analysis.trace.breakdown import analyze
+    from .traces import read_trace
+
     out: dict[str, Any] = {"files": files}
     try:
         out["report"] = analyze(read_trace(prof_dir)).to_dict()
@@ -217,8 +217,6 @@ def analyze_profiles(prof_dir: Path) -> dict[str, Any]:
     except Exception as exc:  # archive anyway; say why the analysis failed
         out["status"] = f"archived (analysis failed: {type(exc).__name__}: {exc})"
     try:
-        import orjson
-
         dest = prof_dir.with_name(prof_dir.name + ".analysis.json")
         dest.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2
                                       | orjson.OPT_SERIALIZE_NUMPY, default=str))

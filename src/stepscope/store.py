@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import warnings
@@ -287,6 +288,19 @@ class RunDir:
                 setattr(meta, key, value)
         self.write_meta(meta)
         return meta
+
+    def write_report(self, html: str, out: str | os.PathLike[str] | None = None) -> Path:
+        """Write the rendered report to ``report.html`` (or ``out``); atomic replace."""
+        path = Path(out) if out is not None else self.report_path
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(html, encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise RunDirError(f"cannot write {path}: {exc}") from exc
+        return path
 
     # -- step records ----------------------------------------------------------------
     def step_files(self) -> list[Path]:

@@ -174,11 +174,11 @@ def test_msrun_two_workers(tmp_path: Path) -> None:
     assert [g["step"] for g in gathers] == [3, 7, 11]
     # rank 1 sleeps 100 ms per step in its compute phase; rank 0 waits for it in the
     # all-reduce ("comm", not compute). Timings on this shared 2-core machine are noisy, so
-    # the check is the ordering, not the threshold (with two ranks the median reference is
-    # their mean: flagging needs rank 1 > 2.5x rank 0).
+    # the check is the ordering, not the threshold (with two ranks the reference is the
+    # faster rank, scored 1.0: flagging needs rank 1 > 1.25x rank 0).
     for g in gathers:
         assert g["ranks"] == 2 and set(g["stragglers"]) <= {1}
-        assert g["straggler_scores"]["1"] < 1.0 < g["straggler_scores"]["0"]
+        assert g["straggler_scores"]["1"] < 1.0 == g["straggler_scores"]["0"]
     tables = _profile(run_dir)  # both ranks' profiles under one timestamped directory
     assert [int(t.rank[0]) for t in tables] == [0, 1]
     for t in tables:

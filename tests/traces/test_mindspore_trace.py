@@ -263,15 +263,18 @@ def test_flat_names_give_no_split() -> None:
 
 def test_straggler_scores_and_event() -> None:
     assert straggler_scores({0: 0.5, 1: 0.5, 2: 1.0, 3: math.nan}) == {0: 1.0, 1: 1.0, 2: 0.5}
-    assert stragglers({0: 1.0, 1: 0.69, 2: 0.7}) == [1]
+    # the reference is the lower median; two ranks: the faster; below 0.8 is a straggler
+    assert straggler_scores({0: 0.5, 1: 0.6, 2: 0.7, 3: 0.8}) == {
+        0: pytest.approx(1.2), 1: 1.0, 2: pytest.approx(0.6 / 0.7), 3: pytest.approx(0.75)}
+    assert stragglers({0: 1.0, 1: 0.79, 2: 0.8}) == [1]
     ev = cross_rank_event(9, ("step_time_s", "compute_s"), [[1.0, 0.4], [1.0, 0.8]],
                           "compute_s")
     assert ev == {"type": "cross_rank", "step": 9, "ranks": 2,
                   "medians": {"0": {"step_time_s": 1.0, "compute_s": 0.4},
                               "1": {"step_time_s": 1.0, "compute_s": 0.8}},
                   "score_on": "compute_s",
-                  "straggler_scores": {"0": pytest.approx(1.5), "1": pytest.approx(0.75)},
-                  "stragglers": [], "threshold": 0.7}
+                  "straggler_scores": {"0": 1.0, "1": 0.5},
+                  "stragglers": [1], "threshold": 0.8}
 
 
 def test_loss_watch() -> None:
@@ -323,7 +326,7 @@ def test_step_session_with_exact_numbers(tmp_path: Path) -> None:
     events, _ = RunDir(tmp_path / "run").read_events()
     assert [e["type"] for e in events] == ["finding", "cross_rank", "cross_rank"]
     assert events[0]["message"].startswith("no loss recorded: the loop at step 1 held no loss")
-    assert events[2]["straggler_scores"] == {"0": 1.5, "1": 0.75} and events[2]["step"] == 3
+    assert events[2]["straggler_scores"] == {"0": 1.0, "1": 0.5} and events[2]["step"] == 3
 
 
 def test_two_captures_of_one_rank_are_refused(shared_data: Path) -> None:

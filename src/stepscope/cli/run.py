@@ -8,12 +8,12 @@ Example::
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from . import cli
+from .common import emit_json
 
 
 @cli.command(
@@ -24,8 +24,9 @@ from . import cli
               help="Run directory (default: runs/<name>-<UTC timestamp>).")
 @click.option("--name", default="", help="Run name stored in run.json.")
 @click.option("--profile-steps", default=None, metavar="A:B",
-              help="Capture a torch.profiler trace of steps A..B-1 per rank into "
-                   "RUN/profiles/<UTC timestamp>/ and analyse it.")
+              help="Capture a torch.profiler trace of steps A..B, both ends included (the "
+                   "convention of every a:b flag: 10:12 is steps 10, 11 and 12), per rank "
+                   "into RUN/profiles/<UTC timestamp>/ and analyse it.")
 @click.option("--max-steps", type=int, default=0,
               help="Stop the script cleanly after this many optimizer steps (0 = no limit).")
 @click.option("--tokens-per-step", type=float, default=None,
@@ -57,7 +58,7 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
         env["STEPSCOPE_CROSS_RANK_EVERY"] = str(cross_rank_every)
     outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env)
     if as_json:
-        click.echo(json.dumps(outcome.to_dict(), default=str))
+        emit_json(outcome.to_dict(), one_line=True)
     else:
         line = f"stepscope: run {outcome.status}: {outcome.run_dir}"
         if outcome.error:

@@ -31,7 +31,7 @@ Switches (environment of the child; set by ``stepscope run`` or ``stepscope isol
 ``STEPSCOPE_REPLAY_DATA=1``    DataLoaders replay their first K real batches (K =
                                ``STEPSCOPE_REPLAY_BATCHES``, default 8): data cost ~0
 ``STEPSCOPE_NOOP_GRAD_SYNC=1`` DDP comm hook returns local gradients (not a valid run)
-``STEPSCOPE_PROFILE_STEPS=a:b`` torch.profiler trace of steps a..b-1 into
+``STEPSCOPE_PROFILE_STEPS=a:b`` torch.profiler trace of steps a..b (both included) into
                                ``STEPSCOPE_PROFILE_DIR``
 ``STEPSCOPE_CROSS_RANK_EVERY`` steps between cross-rank gathers (default 20, 0 = off)
 =============================  ==============================================================
@@ -59,6 +59,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..._ranges import parse_step_range
+
 __all__ = ["Settings", "bootstrap", "install", "active"]
 
 ENV_PREFIX = "STEPSCOPE_"
@@ -81,20 +83,16 @@ def _env_float(name: str) -> float:
 
 
 def parse_steps(spec: str) -> tuple[int, int] | None:
-    """``"a:b"`` -> (a, b), half-open like a Python slice; ``"a"`` -> (a, a+1).
+    """``"a:b"``, both included (stepscope's one ``a:b`` convention, :mod:`stepscope._ranges`)
+    -> the half-open profiler window ``(a, b + 1)``; ``"a"`` -> ``(a, a + 1)``.
 
     >>> parse_steps("3:5")
-    (3, 5)
+    (3, 6)
     """
-    spec = spec.strip()
-    if not spec:
+    rng = parse_step_range(spec, closed=True)
+    if rng is None or rng.first is None or rng.last is None:
         return None
-    a, _, b = spec.partition(":")
-    start = int(a)
-    stop = int(b) if b else start + 1
-    if start < 0 or stop <= start:
-        raise ValueError(f"profile steps {spec!r}: expected a:b with 0 <= a < b")
-    return start, stop
+    return rng.first, rng.last + 1
 
 
 @dataclass(frozen=True)
