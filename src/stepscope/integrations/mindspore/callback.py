@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -46,10 +45,10 @@ import numpy as np
 from mindspore.train import Callback
 
 from ...analysis.findings import Finding
-from ...envinfo import code_version, cpu_model_name, host_environment
-from ...recorder import Recorder, Step
+from ...envinfo import code_version, cpu_model_name, host_environment, process_memory_bytes
+from ...recorder import Recorder
+from ...session import StepSession
 from ..common.losscheck import find_loss
-from ..common.session import StepSession
 from .profile import ProfileCapture
 
 __all__ = [
@@ -198,8 +197,10 @@ def _session(run_dir: str | os.PathLike[str], meta: dict[str, Any],
     r = r if rank is None else rank
     rec = Recorder(run_dir, meta=meta, rank=r)
     capture = ProfileCapture(rec.run, profile_steps, r, world) if profile_steps else None
-    return StepSession(rec, rank=r, world=world, loss_source=loss_source, gather=_all_gather,
-                       every=every, capture=capture)
+    s = StepSession(rec, loss_source=loss_source, capture=capture,
+                    mem_probe=process_memory_bytes)
+    s.enable_cross_rank(_all_gather, world=world, every=every)
+    return s
 
 
 def _base_meta(meta: dict[str, Any] | None, net: Any, optimizer: Any) -> dict[str, Any]:
@@ -240,8 +241,6 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         self._args = (meta, profile_steps, cross_rank_every, rank)
         self.tokens_per_sample = tokens_per_sample
         self.core: StepSession | None = None
-        self._t_last = 0.0
-        self._step = 0
         self._last_cur = 0
 
     def on_train_begin(self, run_context: Any) -> None:
@@ -252,27 +251,24 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         self.core = _session(self.run_dir, m, profile_steps, every, rank,
                              "the training network's outputs")
         self._last_cur = int(getattr(p, "cur_step_num", 0) or 0)  # >0 when resuming
-        self._t_last = time.perf_counter()
 
     def on_train_epoch_begin(self, run_context: Any) -> None:
-        self._t_last = time.perf_counter()
+        if self.core is not None:
+            self.core.restart_wait()
 
     def on_train_step_begin(self, run_context: Any) -> None:
         assert self.core is not None
         p = run_context.original_args()
-        wait = time.perf_counter() - self._t_last
-        self.core.rec.add_time("data_wait", wait)
-        tokens, samples = batch_counts(getattr(p, "train_dataset_element", None),
-                                       self.tokens_per_sample)
-        self._lr = optimizer_lr(getattr(p, "optimizer", None))
-        self.core.begin(self._step, tokens, samples, wait)
+        self.core.begin()  # data wait: since the previous step's end (the dataset's next)
+        self.core.count(*batch_counts(getattr(p, "train_dataset_element", None),
+                                      self.tokens_per_sample))
+        self.core.log(lr=optimizer_lr(getattr(p, "optimizer", None)))
 
     def on_train_step_end(self, run_context: Any) -> None:
         assert self.core is not None
         p = run_context.original_args()
         outputs = getattr(p, "net_outputs", None)
-        values = {"lr": self._lr,
-                  "loss_scale": loss_scale(getattr(p, "loss_scale_mananger", None))}
+        values = {"loss_scale": loss_scale(getattr(p, "loss_scale_mananger", None))}
         if isinstance(outputs, (tuple, list)) and len(outputs) == 3:
             # TrainOneStepWithLossScaleCell: (loss, overflow, scale)
             try:
@@ -285,14 +281,13 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
             values["steps_per_record"] = float(cur - self._last_cur)
         self._last_cur = cur
         loss, what = find_loss(outputs, to_float)
-        self.core.end(self._step, values, loss, f"were {what}, which hold no scalar loss")
-        self._step += 1
-        self._t_last = time.perf_counter()
+        self.core.end(values=values, loss=loss,
+                      missing_loss=f"were {what}, which hold no scalar loss")
 
     def on_train_end(self, run_context: Any) -> None:
         if self.core is None:
             return
-        if self._step == 0:  # the field report's "the callback hook never fired"
+        if self.core.step == 0:  # the field report's "the callback hook never fired"
             self.core.rec.run.append_event({"type": "finding", **Finding(
                 category="logging", severity="critical", rank=self.core.rank,
                 message=("no steps recorded: Model.train ran but the callback's step hooks "
@@ -324,8 +319,6 @@ class LoopRecorder:
                              "the custom loop")
         self.optimizer, self.scaler = optimizer, scaler
         self.tokens_per_sample = tokens_per_sample
-        self._step = 0
-        self._values: dict[str, float] = {}
         self._loss: float | None = None
 
     @property
@@ -333,28 +326,26 @@ class LoopRecorder:
         return self.core.rec
 
     def wrap_loader(self, loader: Iterable[T]) -> Iterator[T]:
-        return self.core.rec.wrap_loader(loader)
+        return self.core.wrap_loader(loader)
 
     @contextmanager
     def step(self, batch: Any = None, tokens: float | None = None,
-             samples: float | None = None) -> Iterator[Step]:
+             samples: float | None = None) -> Iterator[StepSession]:
+        """One step; the handle's ``phase(name)`` times a phase."""
         t, s = batch_counts(batch, self.tokens_per_sample) if batch is not None \
             else (math.nan, math.nan)
-        lr = optimizer_lr(self.optimizer)
-        self._values, self._loss = {"lr": lr}, None
-        wait = self.core.rec.pending_data_wait
-        self.core.begin(self._step, t if tokens is None else tokens,
-                        s if samples is None else samples, wait)
+        core = self.core
+        core.begin(wait_s=core.loader_wait_s)
+        core.count(t if tokens is None else tokens, s if samples is None else samples)
+        core.log(lr=optimizer_lr(self.optimizer))
+        self._loss = None
         try:
-            yield Step(self.core.rec)
+            yield core
         except BaseException:
-            self.core.rec.end_step()  # keep the failed step's times; no loss check
-            self._step += 1
+            core.end()  # keep the failed step's times; no loss check
             raise
-        self._values["loss_scale"] = loss_scale(self.scaler)
-        self.core.end(self._step, self._values, self._loss,
-                      "held no loss (LoopRecorder.log(loss=...) was not called)")
-        self._step += 1
+        core.end(values={"loss_scale": loss_scale(self.scaler)}, loss=self._loss,
+                 missing_loss="held no loss (LoopRecorder.log(loss=...) was not called)")
 
     def log(self, *, loss: Any = None, grads: Iterable[Any] | None = None,
             overflow: Any = None, **values: float) -> None:
@@ -362,10 +353,10 @@ class LoopRecorder:
         if loss is not None:
             self._loss = to_float(loss)
         if grads is not None:
-            self._values["grad_norm"] = grad_norm(grads)
+            self.core.log(grad_norm=grad_norm(grads))
         if overflow is not None:
-            self._values["overflow"] = float(bool(to_float(overflow)))
-        self._values.update({k: float(v) for k, v in values.items()})
+            self.core.log(overflow=float(bool(to_float(overflow))))
+        self.core.log(**{k: float(v) for k, v in values.items()})
 
     def close(self, status: str = "finished", error: str | None = None) -> None:
         self.core.close(status, error)

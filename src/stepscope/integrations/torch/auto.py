@@ -53,7 +53,6 @@ import importlib.util
 import math
 import os
 import sys
-import time
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -154,6 +153,8 @@ def install(settings: Settings) -> Any:
     global _STATE
     if _STATE is not None:
         return _STATE
+    # Imported here, not at the top: every Python process of an instrumented job imports
+    # this module (sitecustomize), and only those that import torch need the hooks.
     from . import hooks
 
     _STATE = hooks.install(settings)
@@ -219,7 +220,3 @@ def bootstrap() -> None:
         return
     sys.meta_path.insert(0, _TorchImportHook(settings))
 
-
-def clock() -> float:
-    """The host clock every timing here uses (monotonic seconds)."""
-    return time.perf_counter()
