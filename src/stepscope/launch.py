@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .integrations.torch.auto import parse_steps
+from .integrations.torch.settings import parse_steps
 from .schema import RunMeta
 from .store import RunDir, utc_stamp
 

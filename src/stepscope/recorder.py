@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._records import UNSET, encode_value
+from ._records import UNSET, RowLayout, encode_value
 from ._writer import Listener, RowQueue
 from .schema import STEP_COLUMN_NAMES, RunMeta
 from .store import RunDir, utc_stamp
@@ -57,21 +57,12 @@ __all__ = ["Recorder", "Step"]
 T = TypeVar("T")
 _NAN = math.nan
 _UNSET = UNSET  # a slot nothing was recorded in (see _records)
-_MAX_EXTRA = 32
 _COL = {name: i for i, name in enumerate(STEP_COLUMN_NAMES)}
 _I_RANK, _I_STEP = _COL["rank"], _COL["step"]
 _I_END, _I_WALL = _COL["end_s"], _COL["wall_time_s"]
 _I_STEP_TIME, _I_DATA = _COL["step_time_s"], _COL["data_wait_s"]
 _I_TOKENS, _I_SAMPLES, _I_SYNCED = _COL["tokens"], _COL["samples"], _COL["synced"]
-_I_CPU, _I_PREEMPT = _COL["cpu_s"], _COL["preempt"]
-# Phase names accepted by Step.phase / Recorder.add_time and their columns.
-_PHASE_COL = {
-    "data": _I_DATA, "data_wait": _I_DATA,
-    "forward": _COL["forward_s"], "backward": _COL["backward_s"],
-    "optimizer": _COL["optimizer_s"], "comm": _COL["comm_s"],
-    "comm_exposed": _COL["comm_exposed_s"], "tool": _COL["tool_s"],
-}
-_I_TOOL = _COL["tool_s"]
+_I_CPU, _I_PREEMPT, _I_TOOL = _COL["cpu_s"], _COL["preempt"], _COL["tool_s"]
 
 
 def _env_rank() -> int:
@@ -178,13 +169,11 @@ class Recorder:
         self._sync_every = max(1, int(sync_every))
         self._sync_now = False
         self.run = RunDir.for_recorder(Path(run_dir), _as_meta(Path(run_dir), meta), self.rank)
-        self._ncols = len(STEP_COLUMN_NAMES) + _MAX_EXTRA
-        self._names: list[str] = list(STEP_COLUMN_NAMES)
-        self._colmap: dict[str, int] = dict(_COL)  # name -> slot, extras added on first use
-        self._queue = RowQueue(self.run.steps_path(self.rank), self._names, rank=self.rank,
-                               flush_interval_s=flush_interval_s, capacity=capacity,
-                               background=background)
-        self._blank = [_UNSET] * self._ncols
+        self._layout = RowLayout()  # column -> slot; extras added on first use
+        self._queue = RowQueue(self.run.steps_path(self.rank), self._layout.names,
+                               rank=self.rank, flush_interval_s=flush_interval_s,
+                               capacity=capacity, background=background)
+        self._blank = self._layout.blank
         self._row = self._blank.copy()
         self.dropped = 0  # records lost to I/O errors (see StepFileWriter)
         self._open = False
@@ -253,13 +242,9 @@ class Recorder:
         row[_I_TOKENS] = tokens
         row[_I_SAMPLES] = samples
         if phases:
-            for name, seconds in phases.items():
-                col = self._phase_col(name)
-                if col >= 0:
-                    v = row[col]
-                    row[col] = seconds if v == _UNSET else v + seconds
+            self._layout.add_phases(row, phases)
         if values:
-            self._set_values(row, values)
+            self._layout.set_values(row, values)
         return self._publish(row, end_s - start_s, end_s,
                              self._wall() if wall_end_s is None else wall_end_s, synced)
 
@@ -293,12 +278,8 @@ class Recorder:
     def _phase(self, name: str) -> _Phase:
         p = self._phases.get(name)
         if p is None:
-            p = self._phases[name] = _Phase(self, self._phase_col(name))
+            p = self._phases[name] = _Phase(self, self._layout.phase_slot(name))
         return p
-
-    def _phase_col(self, name: str) -> int:
-        col = _PHASE_COL.get(name)
-        return self._extra_col(f"{name}_s") if col is None else col
 
     def add_time(self, phase: str, seconds: float) -> None:
         """Add a measured duration to a phase of the open step (e.g. from a comm hook).
@@ -313,7 +294,7 @@ class Recorder:
             elif phase == "tool":
                 self._pending_tool += seconds
             return
-        col = self._phase_col(phase)
+        col = self._layout.phase_slot(phase)
         if col < 0:
             return
         v = self._row[col]
@@ -326,7 +307,7 @@ class Recorder:
         (written as a separate record that readers merge by (rank, step)).
         """
         if self._open:
-            self._set_values(self._row, values)
+            self._layout.set_values(self._row, values)
             return
         if self._next_step == 0:
             return
@@ -336,27 +317,6 @@ class Recorder:
             if enc is not None:
                 rec[k] = enc
         self._queue.put_late(rec)
-
-    def _set_values(self, row: list[float], values: Mapping[str, float]) -> None:
-        colmap = self._colmap
-        for k, v in values.items():
-            col = colmap.get(k)
-            if col is None:
-                col = self._extra_col(k)
-            if col >= 0:
-                row[col] = v  # converted to float by the writer, off the hot path
-
-    def _extra_col(self, name: str) -> int:
-        col = self._colmap.get(name)
-        if col is None:
-            if len(self._names) - len(STEP_COLUMN_NAMES) >= _MAX_EXTRA:
-                warnings.warn(f"stepscope: more than {_MAX_EXTRA} extra metrics; "
-                              f"dropping {name!r}", RuntimeWarning, stacklevel=3)
-                self._colmap[name] = -1
-                return -1
-            col = self._colmap[name] = len(self._names)
-            self._names.append(name)
-        return col
 
     def _safe_sync(self) -> None:
         try:

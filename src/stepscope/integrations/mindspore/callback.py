@@ -45,6 +45,7 @@ import numpy as np
 from mindspore.train import Callback
 
 from ...analysis.findings import Finding
+from ...calc import hardware
 from ...envinfo import code_version, cpu_model_name, host_environment, process_memory_bytes
 from ...recorder import Recorder
 from ...session import StepSession
@@ -109,8 +110,6 @@ def peak_flops(dtype: str = "fp32") -> tuple[float | None, str]:
     for the cores this process may run on. (None, why) when unknown: MFU then shows as
     unavailable, never guessed."""
     info = device_info()
-    from ...calc import hardware
-
     if info["device_kind"] == "cpu":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         entry = hardware.host_cpu_peak(dtype, cores=cores)

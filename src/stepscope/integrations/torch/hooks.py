@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from . import ddp, meta
-from .auto import Settings
 from .replay import Replay
+from .settings import Settings
 from .state import AutoState
 
 _NAN = float("nan")

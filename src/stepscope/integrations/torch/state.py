@@ -30,8 +30,8 @@ from typing import Any
 from ...recorder import Recorder
 from ...session import StepSession
 from . import ddp
-from .auto import Settings
 from .probes import MemProbe, batch_counts
+from .settings import Settings
 from .values import (
     StepData,
     emit,

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...session import StepSession
 from . import ddp
-from .auto import Settings
+from .settings import Settings
 
 _NAN = math.nan
 
