@@ -15,6 +15,14 @@ Example::
             s.log(loss=float(loss), lr=opt.param_groups[0]["lr"])
     rec.close()
 
+A step measured elsewhere (a framework's own timers, hooks) is handed over as numbers::
+
+    rec.record_step(t_start, t_end, tokens=4096, phases={"forward": 0.21, "backward": 0.40},
+                    values={"loss": 2.31, "lr": 3e-4})
+
+Both paths build the same row; :class:`stepscope.session.StepSession` adds what every
+adapter needs around it (loss check, memory, cross-rank view, profiler capture).
+
 What the times mean
 -------------------
 * ``step_time_s`` is host wall time from entering ``step()`` to leaving it, plus the data

@@ -164,7 +164,8 @@ class StepSession:
     def _after(self, step: int, step_time: float, phases: Mapping[str, float],
                values: Mapping[str, float], cross: Mapping[str, float] | None) -> None:
         c, cap = self.cross, self.capture
-        t0 = self.clock() if cap is not None or c is not None else _NAN
+        own_work = cap is not None or (c is not None and self.gather_after_step)
+        t0 = self.clock() if own_work else _NAN
         if cap is not None:
             cap.after_step(step)  # may stop the profiler (~1 s on CPU)
         if c is not None and (cap is None or not cap.active(step)):
