@@ -204,3 +204,34 @@ def test_timed_communication_is_not_compute_for_the_straggler_score(tmp_path: Pa
     s.record(0.0, 1.5, phases={"data_wait": 0.25, "comm": 0.75})
     s.close()
     assert gathered == [[1.5, 0.25, 0.5]]
+
+
+def test_loss_memory_and_cross_rank_together_with_exact_numbers(tmp_path: Path) -> None:
+    """(Moved from tests/traces when the session became the core's.)"""
+    clk = FakeClock()
+    gathered: list[list[float]] = []
+
+    def gather(values: list[float]) -> list[list[float]]:  # rank 1 twice as slow
+        gathered.append(values)
+        return [values, [2 * v for v in values]]
+
+    s = _session(tmp_path, clk, loss_source="the loop", mem_probe=lambda: (100.0, 50.0))
+    s.enable_cross_rank(gather, world=2, every=2)
+    for loss in [2.0, None, 1.5, 1.4]:
+        s.begin(wait_s=0.25)  # e.g. measured by wrap_loader
+        s.count(64, 4)
+        clk.tick(1.0)
+        s.add_time("comm", 0.5)
+        s.end(values={"lr": 0.1}, loss=loss, missing_loss="held no loss")
+    s.close()
+    table, _ = RunDir(tmp_path / "run").read_steps()
+    assert table["step_time_s"].tolist() == [1.25] * 4
+    assert math.isnan(table["loss"][1]) and table["loss"][[0, 2, 3]].tolist() == [2.0, 1.5, 1.4]
+    assert table["mem_peak_bytes"].tolist() == [100.0] * 4
+    assert table["tokens"].tolist() == [64.0] * 4
+    # compute = 1.25 step - 0.25 wait - 0.5 comm
+    assert gathered == [[1.25, 0.25, 0.5], [1.25, 0.25, 0.5]]
+    events, _ = RunDir(tmp_path / "run").read_events()
+    assert [e["type"] for e in events] == ["finding", "cross_rank", "cross_rank"]
+    assert events[0]["message"].startswith("no loss recorded: the loop at step 1 held no loss")
+    assert events[2]["straggler_scores"] == {"0": 1.5, "1": 0.75} and events[2]["step"] == 3

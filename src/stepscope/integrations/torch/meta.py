@@ -4,7 +4,8 @@
   hyper-parameters, precision, seed, world size, framework versions, git commit) is
   written to run.json by rank 0 after the first step.
 * Every ``STEPSCOPE_CROSS_RANK_EVERY`` steps the ranks exchange medians
-  (:class:`.ddp.CrossRank`); rank 0 appends a ``cross_rank`` event to events.jsonl and every
+  through the core session's window (:meth:`~stepscope.session.StepSession.cross_rank`,
+  gathered with :func:`.ddp.all_gather_rows`); rank 0 appends a ``cross_rank`` event to events.jsonl and every
   rank logs its straggler score on the step.
 * ``STEPSCOPE_PROFILE_STEPS`` drives a ``torch.profiler`` capture; ``STEPSCOPE_MAX_STEPS``
   stops the script.
