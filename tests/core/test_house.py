@@ -19,17 +19,10 @@ PACKAGE = "stepscope"
 # STYLE.md: modules under ~400 lines; this test fails above 450.
 MAX_LINES = 450
 
-# Cycles other helpers are removing in parallel; the lead deletes each entry when their
-# work is merged (the test fails on an entry that is no longer a cycle, as a reminder).
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    # helper core (issue 10, per-step core): the torch adapter's hooks/state/auto circle
-    frozenset({"stepscope.integrations.torch.auto", "stepscope.integrations.torch.hooks",
-               "stepscope.integrations.torch.state"}): "helper core",
-}
-# Modules over MAX_LINES that another helper is splitting (same rule as KNOWN_CYCLES).
-KNOWN_LONG: dict[str, str] = {
-    "stepscope/recorder.py": "helper core (issue 10: the per-step core's record_step)",
-}
+# Exceptions, each with its reason; the test fails on an entry that no longer applies, so
+# this list only shrinks. Empty: the house has no cycle and no module over the limit.
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
+KNOWN_LONG: dict[str, str] = {}
 
 
 def _modules() -> dict[str, Path]:
