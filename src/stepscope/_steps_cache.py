@@ -84,7 +84,10 @@ def _read_manifest(path: Path) -> _Manifest | None:
 
 
 def _pread(fd: int, start: int, length: int) -> bytes:
-    out = bytearray()
+    first = os.pread(fd, length, start) if length > 0 else b""
+    if len(first) == length or not first:
+        return first
+    out = bytearray(first)
     while len(out) < length:
         got = os.pread(fd, length - len(out), start + len(out))
         if not got:
@@ -207,13 +210,14 @@ def _load(fd: int, path: Path, cache_dir: Path | None, stats: ReadStats
     data = _pread(fd, start, st.st_size - start)
     body_end = data.rfind(b"\n") + 1
     body, body_stats = decode_steps(data[:body_end], path.name, lines + 1, final=False)
-    tail, tail_stats = decode_steps(data[body_end:], path.name,
-                                    lines + 1 + data.count(b"\n", 0, body_end), final=True)
+    body_lines = data.count(b"\n", 0, body_end)
+    tail, tail_stats = decode_steps(data[body_end:], path.name, lines + 1 + body_lines,
+                                    final=True)
     cached.merge(body_stats)
     if cache_dir is not None and (m is None or body_end or st.st_size != m.size):
         end = start + body_end
         check = _pread(fd, max(0, end - _CHECK_BYTES), min(end, _CHECK_BYTES))
-        _update(cache_dir, path, m, st, end, lines + data.count(b"\n", 0, body_end),
+        _update(cache_dir, path, m, st, end, lines + body_lines,
                 check.hex(), body, prefix, cached)
     stats.merge(cached)
     stats.merge(tail_stats)

@@ -220,6 +220,8 @@ def decode_steps(data: bytes, source: str, first_line: int = 1, final: bool = Tr
     :func:`stepscope._steps_table.merge_duplicates`.
     """
     stats = ReadStats()
+    if not data:
+        return concat_blocks([]), stats
     blocks = []
     body_end = data.rfind(b"\n") + 1  # a last line without newline is read apart
     for start, end in _chunks(data, body_end):
