@@ -26,7 +26,8 @@ CLI = {
     'demo': ('--framework', '--json', '--out', '--seed', '--slow-data', '--steps'),
     'diagnose': ('--json', '--trace'),
     'eval-log': ('--json', '--metric', '--step', '--tokens'),
-    'index': ('--best', '--db', '--json', '--markdown', '--sort', '--where'),
+    'index': ('--best', '--db', '--engine', '--json', '--markdown', '--scheduler', '--sort',
+              '--where'),
     'isolate': ('--json', '--out', '--steps', '--warmup'),
     'memory': (   '--convention',
                   '--dp',
@@ -125,7 +126,7 @@ CLI = {
     'scaling': ('--allow-multi', '--json', '--markdown'),
     'trace': (),
     'trace diff': ('--hta-compatible', '--json', '--steps', '--top'),
-    'trace show': ('--hta-compatible', '--json', '--steps', '--top'),
+    'trace show': ('--engine', '--hta-compatible', '--json', '--scheduler', '--steps', '--top'),
 }
 
 
