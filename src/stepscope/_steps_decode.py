@@ -91,6 +91,15 @@ class ReadStats:
         for p in other.problems:
             self.problem(p)
 
+    def summary(self) -> str:
+        """One line on what was skipped or dropped, per reason; "" when nothing was."""
+        if not self.reasons:
+            return ""
+        parts = ", ".join(f"{reason} {n}" for reason, n in
+                          sorted(self.reasons.items(), key=lambda kv: -kv[1]))
+        return (f"step records: {self.records} read from {self.files} file(s), "
+                f"{self.skipped} skipped, {self.rejected} value(s) dropped ({parts})")
+
     def to_dict(self) -> dict[str, Any]:
         return {"records": self.records, "skipped": self.skipped, "torn_tail": self.torn_tail,
                 "files": self.files, "rejected": self.rejected, "duplicates": self.duplicates,

@@ -85,7 +85,7 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     """Ranked findings, the bottleneck and the next experiment for run directory RUN."""
     rd = RunDir.open(run)
     meta = rd.read_meta()
-    table, _ = rd.read_steps()
+    table, stats = rd.read_steps()
     events, _ = rd.read_events()
     report = None
     if trace is not None:
@@ -102,9 +102,12 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     now = time.time() if meta.status == "running" else None
     d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now)
     if as_json:
-        _echo_json(d.to_dict())
+        _echo_json({**d.to_dict(), "read": {**stats.to_dict(),
+                                            "meta_problems": rd.meta_problems}})
     else:
         _render(d, run)
+        if stats.summary():
+            click.echo(stats.summary())
 
 
 def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,

@@ -82,6 +82,7 @@ def sheet_json(loaded: LoadedRun) -> dict[str, Any]:
                 "error": loaded.meta.error}
     d["findings"] = [f.to_dict() for f in loaded.findings]
     d["read_problems"] = loaded.stats.problems
+    d["read"] = {**loaded.stats.to_dict(), "meta_problems": loaded.run.meta_problems}
     return d
 
 
@@ -104,5 +105,7 @@ def report_cmd(run: Path, html_out: Path | None, as_json: bool, no_html: bool) -
 
     console = Console()
     render_sheet(console, loaded.sheet, loaded.meta, loaded.findings)
+    if loaded.stats.summary():
+        console.print(loaded.stats.summary(), style="yellow", markup=False)
     if html_path:
         console.print(f"HTML report: {html_path}")
