@@ -24,7 +24,7 @@ import numpy as np
 
 from ._steps_cache import load_rank_file
 from ._steps_decode import Block, ReadStats, concat_blocks
-from .schema import AnyArray, StepTable
+from .schema import STEP_COLUMN_NAMES, AnyArray, StepTable
 
 __all__ = ["read_step_files", "merge_duplicates", "block_to_table"]
 
@@ -34,6 +34,7 @@ DUPLICATE_ACROSS = "duplicate (rank, step) in another rank file"
 # back) than it saves; measured on the benchmark's 400-byte records.
 _PARALLEL_MIN_BYTES = 8 << 20
 _IDS = ("rank", "step")
+_KNOWN_FLOAT = frozenset(STEP_COLUMN_NAMES) - frozenset(_IDS)
 
 
 def _present(block: Block, i: int) -> set[str]:
@@ -99,6 +100,8 @@ def merge_duplicates(block: Block, source: str, stats: ReadStats,
 def block_to_table(block: Block) -> StepTable:
     cols: dict[str, AnyArray] = {}
     for k, v in block.cols.items():
+        if k in _KNOWN_FLOAT and k not in block.flags and bool(np.isnan(v).all()):
+            continue  # never recorded: the table holds it as one shared NaN, not n floats
         cols[k] = v.astype(np.int64) if k in _IDS else v
         if k in block.flags:
             cols[f"{k}_nan"] = block.flags[k].astype(np.float64)

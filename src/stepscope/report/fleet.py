@@ -50,22 +50,51 @@ class FleetMatrix:
             return np.asarray(np.nanpercentile(self.values, qs, axis=0))
 
 
-def fleet_matrix(table: StepTable, col: str, max_bins: int = MAX_BINS) -> FleetMatrix:
-    """The rank x step-bin matrix of ``col`` (see :class:`FleetMatrix`)."""
-    ranks, ri = np.unique(table["rank"], return_inverse=True)
-    steps, si = np.unique(table["step"], return_inverse=True)
+@dataclass(frozen=True)
+class _Bins:
+    """Where each row goes: its rank's row and its step's bin (computed once per table)."""
+
+    ranks: AnyArray
+    row: AnyArray
+    steps: AnyArray
+    bin: AnyArray
+    nb: int
+
+
+def _dense_ids(x: AnyArray) -> tuple[AnyArray, AnyArray]:
+    """(sorted distinct values, index of each value): ``np.unique(return_inverse)``, in
+    O(n) with a lookup table when the values are small non-negative integers (ranks, steps)."""
+    if x.size and x.min() >= 0 and x.max() < 4 * x.size + 4096:
+        present = np.bincount(x) > 0
+        values = np.flatnonzero(present)
+        lookup = np.cumsum(present) - 1
+        return values, lookup[x]
+    values, inverse = np.unique(x, return_inverse=True)
+    return values, inverse
+
+
+def _bins(table: StepTable, max_bins: int) -> _Bins:
+    ranks, row = _dense_ids(table["rank"])
+    steps, si = _dense_ids(table["step"])
     nb = max(1, min(len(steps), max_bins))
-    bins = si * nb // max(1, len(steps))
+    first = np.searchsorted(np.arange(len(steps)) * nb // max(1, len(steps)), np.arange(nb))
+    return _Bins(ranks, row, steps[first] if len(steps) else steps,
+                 si * nb // max(1, len(steps)), nb)
+
+
+def fleet_matrix(table: StepTable, col: str, max_bins: int = MAX_BINS,
+                 bins: _Bins | None = None) -> FleetMatrix:
+    """The rank x step-bin matrix of ``col`` (see :class:`FleetMatrix`)."""
+    b = bins if bins is not None else _bins(table, max_bins)
     v = table[col]
     ok = np.isfinite(v)
-    flat = ri[ok] * nb + bins[ok]
-    size = len(ranks) * nb
+    flat = b.row[ok] * b.nb + b.bin[ok]
+    size = len(b.ranks) * b.nb
     sums = np.bincount(flat, weights=v[ok], minlength=size)
     counts = np.bincount(flat, minlength=size)
     with np.errstate(invalid="ignore", divide="ignore"):
         values = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-    first = np.searchsorted(np.arange(len(steps)) * nb // max(1, len(steps)), np.arange(nb))
-    return FleetMatrix(ranks, steps[first] if len(steps) else steps, values.reshape(-1, nb))
+    return FleetMatrix(b.ranks, b.steps, values.reshape(-1, b.nb))
 
 
 def slowest_ranks(m: FleetMatrix, n: int = SLOWEST_SHOWN) -> list[tuple[int, float]]:
@@ -144,9 +173,10 @@ def fleet_svgs(table: StepTable) -> tuple[list[str], list[str]]:
     import matplotlib.pyplot as plt
 
     curves, wide = [], []
+    bins = _bins(table, MAX_BINS)
     for col, label in _CURVES:
         if table.has_data(col):
-            m = fleet_matrix(table, col)
+            m = fleet_matrix(table, col, bins=bins)
             curves.append(_curve(plt, m, col, label))
             if col == "step_time_s" and len(m.ranks) > 1:
                 wide.append(_heatmap(plt, m))

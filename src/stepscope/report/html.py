@@ -162,7 +162,7 @@ def _phase_plot(t: StepTable, plt: Any) -> str:
     fig, ax = plt.subplots(figsize=(5.2, 2.8))
     # Binned like the fleet curves, so a 150,000-step rank stays a small SVG.
     steps = fleet_matrix(part, cols[0]).steps
-    ys = [np.nan_to_num(fleet_matrix(part, c).values[0]) for c in cols]
+    ys = [np.nan_to_num(fleet_matrix(part, c).values[0]) for c in cols]  # one rank: cheap
     ax.stackplot(steps, ys, labels=[_PHASE_COLOURS[c][0] for c in cols],
                  colors=[_PHASE_COLOURS[c][1] for c in cols], alpha=.85)
     ax.plot(steps, fleet_matrix(part, "step_time_s").values[0], color="k", lw=.8,
