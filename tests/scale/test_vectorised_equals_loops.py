@@ -58,3 +58,24 @@ def test_best_split_equals_the_loop(seed: int) -> None:
     if seed % 7 == 0:
         y[::5] = np.nan
     assert best_split(y, min_segment) == old.best_split(y, min_segment)
+
+
+def test_rank_series_equals_the_mask_per_rank_and_forgets_dead_tables() -> None:
+    import gc
+
+    from stepscope.analysis.health import stats
+
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        n = int(rng.integers(0, 400))
+        t = StepTable.from_columns({"rank": rng.integers(0, 8, n), "step": rng.integers(0, 30, n),
+                                    "step_time_s": rng.random(n)})
+        for r in range(-1, 10):
+            idx = np.flatnonzero(t["rank"] == r)
+            idx = idx[np.argsort(t["step"][idx], kind="stable")]
+            steps, values = stats.rank_series(t, r, "step_time_s")
+            assert np.array_equal(steps, t["step"][idx])
+            assert np.array_equal(values, t["step_time_s"][idx])
+    del t
+    gc.collect()
+    assert not stats._ORDER_CACHE
