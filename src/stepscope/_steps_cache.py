@@ -210,7 +210,9 @@ def _load(fd: int, path: Path, cache_dir: Path | None, stats: ReadStats
     data = _pread(fd, start, st.st_size - start)
     body_end = data.rfind(b"\n") + 1
     body, body_stats = decode_steps(data[:body_end], path.name, lines + 1, final=False)
-    body_lines = data.count(b"\n", 0, body_end)
+    # Line numbers matter only for a cache manifest and a torn tail's message.
+    body_lines = (data.count(b"\n", 0, body_end)
+                  if cache_dir is not None or body_end < len(data) else 0)
     tail, tail_stats = decode_steps(data[body_end:], path.name, lines + 1 + body_lines,
                                     final=True)
     cached.merge(body_stats)

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -264,8 +265,14 @@ def _fast(piece: bytes) -> Block | None:
         return None
     if not recs:
         return Block(0, {})
-    astuple = msgspec.structs.astuple
-    mat = np.array([astuple(r) for r in recs], dtype=np.float64)
+    # One flat iterator into a preallocated buffer: ~2x faster than np.array(list of tuples),
+    # which first discovers the shape and the type of every element.
+    width = len(_FAST_NAMES)
+    flat = itertools.chain.from_iterable(map(msgspec.structs.astuple, recs))
+    try:
+        mat = np.fromiter(flat, np.float64, count=len(recs) * width).reshape(len(recs), width)
+    except OverflowError:  # an integer past float range: the line path rejects it by name
+        return None
     ids = mat[:, :2]
     if (ids < 0).any() or (ids >= _INT_LIMIT).any():
         return None  # the line-by-line path skips those records and says which lines

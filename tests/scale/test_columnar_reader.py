@@ -95,13 +95,17 @@ def _read(tmp_path: Path, body: bytes) -> tuple[StepTable, decode.ReadStats]:
 
 
 def test_bool_step_and_out_of_range_ids_are_skipped_per_reason(tmp_path: Path) -> None:
+    huge = b"1" + b"0" * 400
     table, stats = _read(tmp_path, b'{"step":true,"step_time_s":1}\n'
                                    b'{"step":-1,"step_time_s":1}\n'
                                    b'{"step":1,"rank":false}\n'
+                                   b'{"step":' + huge + b'}\n'
                                    b'{"step":2,"step_time_s":1}\n')
     assert table["step"].tolist() == [2]
-    assert stats.skipped == 3
-    assert stats.reasons == {"no integer step/rank": 2, "step/rank out of range": 1}
+    assert stats.skipped == 4
+    # orjson (the line path) refuses a 400-digit integer as JSON: corrupt, not a crash.
+    assert stats.reasons == {"no integer step/rank": 2, "step/rank out of range": 1,
+                             "corrupt JSON": 1}
 
 
 def test_bad_values_are_dropped_and_counted_not_poisoning_the_column(tmp_path: Path) -> None:
