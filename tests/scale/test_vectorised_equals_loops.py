@@ -79,3 +79,14 @@ def test_rank_series_equals_the_mask_per_rank_and_forgets_dead_tables() -> None:
     del t
     gc.collect()
     assert not stats._ORDER_CACHE
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_worst_rank_share_equals_one_table_copy_per_rank(seed: int) -> None:
+    from stepscope.analysis.health import system
+
+    t = _table(seed)
+    per_loop = {str(r): system._share(t.rank(r), "data_wait_s") for r in t.ranks()}
+    worst, per = system._worst_rank(t, "data_wait_s")
+    assert per == per_loop
+    assert worst == (None if len(per) < 2 else int(max(per, key=lambda k: per[k])))
