@@ -184,3 +184,19 @@ def test_run_json_numeric_variables_of_the_wrong_type_are_dropped(tmp_path: Path
     assert meta.baseline == {"seq_len": "8", "model_name": "x"}
     assert meta.environment == {"framework": "torch"}
     assert len(run.meta_problems) == 2
+
+
+@pytest.mark.parametrize("fixture", ["run-torn-last-line", "run-ddp-two-ranks"])
+def test_equals_the_old_reader_on_the_fixture_runs(tmp_path: Path, fixture: str) -> None:
+    """Run directories `stepscope run` wrote (tests/data/<fixture>/NOTE.md), cached and not."""
+    import shutil
+
+    run = tmp_path / fixture
+    shutil.copytree(Path(__file__).parents[1] / "data" / fixture, run)
+    old, old_stats = old_read_steps(run)
+    for cache in (False, True, True):  # cold, then writing the cache, then from it
+        new, stats = RunDir.open(run).read_steps(cache=cache)
+        assert_tables_equal(new, old)
+        assert (stats.records, stats.skipped, stats.torn_tail, stats.files) == (
+            old_stats.records, old_stats.skipped, old_stats.torn_tail, old_stats.files)
+    assert (run / ".cache" / "steps").is_dir()
