@@ -16,7 +16,7 @@ import pytest
 from stepscope import Recorder, RunDir, RunMeta
 from stepscope import _steps_decode as decode
 from stepscope.schema import StepTable
-from support.old_step_reader import old_read_steps
+from support.old_step_reader import assert_tables_equal, old_read_steps
 
 
 class _Clock:
@@ -49,14 +49,6 @@ def _record_run(path: Path, ranks: int = 3, steps: int = 400) -> None:
             if i % 25 == 0:
                 rec.log(grad_norm=float("nan") if i == 100 else 0.5)  # late record
         rec.close()
-
-
-def assert_tables_equal(new: StepTable, old: StepTable) -> None:
-    assert set(new.columns) == set(old.columns)
-    assert len(new) == len(old)
-    for c in old.columns:
-        assert new[c].dtype == old[c].dtype, c
-        assert np.array_equal(new[c], old[c], equal_nan=True), c
 
 
 def test_equals_the_old_reader_on_recorder_runs(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-from test_columnar_reader import assert_tables_equal
 
 from stepscope import Recorder, RunDir, RunMeta
 from stepscope import _steps_cache as cache
+from support.old_step_reader import assert_tables_equal
 
 
 def _line(step: int, rank: int = 0) -> bytes:

@@ -121,3 +121,12 @@ def old_read_steps(run: Path) -> tuple[StepTable, ReadStats]:
         rows = _parse_jsonl(f.read_bytes(), f.name, stats)
         tables.append(_rows_to_table(rows, f.name, stats))
     return StepTable.concat(tables).sorted(), stats
+
+
+def assert_tables_equal(new: StepTable, old: StepTable) -> None:
+    """Same columns, dtypes and values (NaN equal to NaN) in the same row order."""
+    assert set(new.columns) == set(old.columns)
+    assert len(new) == len(old)
+    for c in old.columns:
+        assert new[c].dtype == old[c].dtype, c
+        assert np.array_equal(new[c], old[c], equal_nan=True), c
