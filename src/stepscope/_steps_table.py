@@ -1,10 +1,11 @@
 """Rank files to the step table: duplicates merged or counted, ranks read in parallel.
 
 A second record of the same (rank, step) is either a *late record* (values logged after
-the step closed: it only fills columns the first left empty, and is merged into it) or a
-*duplicate* (it repeats a column already recorded: two processes writing one rank file,
-a restarted job appending again). A duplicate is never merged: the first record is kept,
-the rest are skipped and counted under their reason (issue 12, item 4).
+the step closed, e.g. the Trainer's own grad norm: the Recorder writes them without the
+step's timing columns) and merged into the step, later values winning as before; or a
+*duplicate* (a whole step record again, with its timing: two processes writing one rank
+file, a restarted job appending again). A duplicate is never merged: the first record is
+kept, the rest are skipped and counted under their reason (issue 12, item 4).
 
 Example::
 
@@ -35,6 +36,8 @@ DUPLICATE_ACROSS = "duplicate (rank, step) in another rank file"
 _PARALLEL_MIN_BYTES = 8 << 20
 _IDS = ("rank", "step")
 _KNOWN_FLOAT = frozenset(STEP_COLUMN_NAMES) - frozenset(_IDS)
+# Written when a step closes, never in a late record (Recorder.log after the step).
+_TIMING = frozenset({"end_s", "wall_time_s", "step_time_s"})
 
 
 def _present(block: Block, i: int) -> set[str]:
@@ -83,7 +86,7 @@ def merge_duplicates(block: Block, source: str, stats: ReadStats,
         head = p - 1 if keep[p - 1] else head
         keep[p] = False
         late = _present(b, p)
-        if merge_late and not late & _present(b, head):
+        if merge_late and not (late & _TIMING and _present(b, head) & _TIMING):
             for k in late:
                 b.cols[k][head] = b.cols[k][p]
                 if k in b.flags:
@@ -92,8 +95,8 @@ def merge_duplicates(block: Block, source: str, stats: ReadStats,
         stats.skipped += 1
         stats.duplicates += 1
         stats.count(reason)
-        stats.problem(f"{source}: rank {int(rank[p])} step {int(step[p])} recorded again "
-                      "with different values; the first record is kept")
+        stats.problem(f"{source}: rank {int(rank[p])} step {int(step[p])} recorded twice "
+                      "(a whole step record again); the first record is kept")
     return _take(b, np.flatnonzero(keep))
 
 

@@ -135,7 +135,14 @@ def test_duplicate_rank_step_keeps_the_first_and_is_counted(tmp_path: Path) -> N
     assert table["loss"][1] == 2.5
     assert stats.duplicates == 1 and stats.skipped == 1 and stats.records == 2
     assert stats.reasons == {"duplicate (rank, step)": 1}
-    assert "rank 0 step 1 recorded again" in stats.problems[0]
+    assert "rank 0 step 1 recorded twice" in stats.problems[0]
+
+
+def test_a_late_record_replaces_a_value_as_the_trainer_callback_needs(tmp_path: Path) -> None:
+    """integrations/hf.py logs the Trainer's grad norm after the step, over its own."""
+    table, stats = _read(tmp_path, b'{"step":0,"end_s":1,"step_time_s":1,"grad_norm":0.5}\n'
+                                   b'{"step":0,"grad_norm":0.7}\n')
+    assert table["grad_norm"].tolist() == [0.7] and stats.skipped == 0
 
 
 def test_the_same_rank_in_two_files_is_a_duplicate(tmp_path: Path) -> None:
