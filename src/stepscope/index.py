@@ -31,6 +31,7 @@ import orjson
 
 from .analysis.compare.quality import latest_evals
 from .analysis.summary import summarize
+from .engine import map_items
 from .errors import ConfigError, RunDirError, StepscopeError
 from .schema import BASELINE_FIELDS
 from .store import RunDir, is_run_dir, utc_stamp
@@ -53,6 +54,8 @@ _METRICS = ("steps", "ranks", "step_time_s", "step_time_p90_s", "tokens_per_s",
 _TAIL = ("profiles", "evals", "signature", "indexed_utc")
 # Every column of the ``runs`` table, in order. Baseline variables keep their run.json names.
 COLUMNS: tuple[str, ...] = _IDENTITY + tuple(BASELINE_FIELDS) + _METRICS + _TAIL
+# Fewer changed runs than this are read in this process: a pool costs more than it saves.
+_PARALLEL_MIN_RUNS = 16
 # Metrics where the smaller value is the better configuration (for ``best_config``).
 _LOWER_BETTER = {"step_time_s", "step_time_p90_s", "comm_frac", "comm_exposed_frac",
                  "data_wait_frac", "mem_peak_bytes", "loss_last", "loss_min"}
@@ -171,8 +174,9 @@ def _connect(db_path: Path, create: bool = True) -> sqlite3.Connection:
     return con
 
 
-def _index_one(con: sqlite3.Connection, root: Path, path: Path, complete: bool,
-               known: dict[str, str], result: IndexResult) -> None:
+def _plan_one(con: sqlite3.Connection, root: Path, path: Path, complete: bool,
+              known: dict[str, str], result: IndexResult) -> tuple[str, str] | None:
+    """(relative path, signature) of a run to (re)read, or None when nothing is to read."""
     rel = path.relative_to(root).as_posix() or "."
     stats = result.stats
     if not complete:
@@ -180,18 +184,28 @@ def _index_one(con: sqlite3.Connection, root: Path, path: Path, complete: bool,
         con.execute("INSERT OR REPLACE INTO skipped VALUES (?, ?, ?)", (rel, reason, ""))
         result.skipped.append(Skipped(rel, reason))
         stats.skipped += 1
-        return
-    run = RunDir(path)
-    sig = _signature(run)
+        return None
+    sig = _signature(RunDir(path))
     if known.get(rel) == sig:
         stats.unchanged += 1
-        return
+        return None
     stats.read += 1
+    return rel, sig
+
+
+def _row_or_reason(task: tuple[str, str, str]) -> tuple[str, dict[str, Any] | str]:
+    """One run's index row, or why it was skipped: the unit of work of an engine."""
+    path, rel, sig = task
     try:
-        row = _read_row(run, rel, sig)
+        return rel, _read_row(RunDir(path), rel, sig)
     except StepscopeError as exc:
+        return rel, str(exc)
+
+
+def _store(con: sqlite3.Connection, rel: str, sig: str, row: dict[str, Any] | str) -> None:
+    if isinstance(row, str):
         con.execute("DELETE FROM runs WHERE path = ?", (rel,))
-        con.execute("INSERT OR REPLACE INTO skipped VALUES (?, ?, ?)", (rel, str(exc), sig))
+        con.execute("INSERT OR REPLACE INTO skipped VALUES (?, ?, ?)", (rel, row, sig))
         return
     con.execute("DELETE FROM skipped WHERE path = ?", (rel,))
     marks = ", ".join("?" for _ in COLUMNS)
@@ -199,9 +213,14 @@ def _index_one(con: sqlite3.Connection, root: Path, path: Path, complete: bool,
                 [row.get(c) for c in COLUMNS])
 
 
-def build_index(root: str | os.PathLike[str], db_path: str | os.PathLike[str] | None = None
-                ) -> IndexResult:
+def build_index(root: str | os.PathLike[str], db_path: str | os.PathLike[str] | None = None,
+                *, engine: str = "local", scheduler: str | None = None,
+                processes: int | None = None) -> IndexResult:
     """Scan ``root`` and bring its index up to date; returns counts and skipped runs.
+
+    The changed runs are read by ``engine`` (:mod:`stepscope.engine`): ``local`` processes
+    (serial for a few runs), or ``dask`` tasks on a new local cluster or the one at
+    ``scheduler``, whose workers must see ROOT at the same path. Results are identical.
 
     Example::
 
@@ -217,10 +236,19 @@ def build_index(root: str | os.PathLike[str], db_path: str | os.PathLike[str] | 
         known = dict(con.execute("SELECT path, signature FROM runs").fetchall())
         known.update(con.execute("SELECT path, signature FROM skipped").fetchall())
         seen: set[str] = set()
+        todo: list[tuple[str, str, str]] = []
         for path, complete in _walk(root):
             result.stats.found += 1
             seen.add(path.relative_to(root).as_posix() or ".")
-            _index_one(con, root, path, complete, known, result)
+            plan = _plan_one(con, root, path, complete, known, result)
+            if plan is not None:
+                todo.append((str(path), *plan))
+        if engine == "local" and processes is None and len(todo) < _PARALLEL_MIN_RUNS:
+            processes = 1
+        sigs = {rel: sig for _, rel, sig in todo}
+        for rel, row in map_items(_row_or_reason, todo, engine=engine, scheduler=scheduler,
+                                  processes=processes):
+            _store(con, rel, sigs[rel], row)
         gone = [p for p in known if p not in seen]
         for p in gone:
             con.execute("DELETE FROM runs WHERE path = ?", (p,))

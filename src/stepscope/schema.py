@@ -109,6 +109,14 @@ def _as_column(name: str, values: Iterable[Any] | AnyArray) -> AnyArray:
     return arr.astype(np.float64, copy=False)
 
 
+def _never_recorded(n: int) -> AnyArray:
+    return np.broadcast_to(np.float64(np.nan), (n,))
+
+
+def _is_never_recorded(arr: AnyArray) -> bool:
+    return arr.ndim == 1 and arr.strides == (0,) and arr.size > 0 and bool(np.isnan(arr[0]))
+
+
 class StepTable:
     """Columnar step table: ``name -> 1-D numpy array``, all the same length.
 
@@ -127,8 +135,8 @@ class StepTable:
                 cols[c.name] = _as_column(c.name, columns[c.name])
             elif c.dtype == "int64":
                 cols[c.name] = np.zeros(n, dtype=np.int64)
-            else:
-                cols[c.name] = np.full(n, np.nan)
+            else:  # one shared read-only NaN for a column never recorded: no n x 8 bytes
+                cols[c.name] = _never_recorded(n)
         for name, arr in columns.items():
             if name not in cols:
                 cols[name] = _as_column(name, arr)
@@ -157,6 +165,9 @@ class StepTable:
             names.update(dict.fromkeys(t.columns))
         out = {}
         for name in names:
+            if name in _STEP_DTYPES and all(
+                    _is_never_recorded(t._cols[name]) for t in tables if name in t._cols):
+                continue  # filled (without memory) by the constructor
             parts = [t._cols[name] if name in t._cols else np.full(len(t), np.nan)
                      for t in tables]
             out[name] = np.concatenate(parts)
@@ -188,7 +199,8 @@ class StepTable:
 
     def select(self, mask: AnyArray) -> StepTable:
         """Rows where ``mask`` (bool array or index array) selects."""
-        return StepTable({k: v[mask] for k, v in self._cols.items()})
+        return StepTable({k: v[mask] for k, v in self._cols.items()
+                          if k not in _STEP_DTYPES or not _is_never_recorded(v)})
 
     def rank(self, rank: int) -> StepTable:
         return self.select(self._cols["rank"] == rank)

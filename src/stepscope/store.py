@@ -27,15 +27,16 @@ import datetime as _dt
 import os
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 
+from ._meta_check import clean_meta
+from ._steps_decode import ReadStats, parse_jsonl
+from ._steps_table import read_step_files
 from .errors import RunDirError
-from .schema import STEP_COLUMN_NAMES, AnyArray, RunMeta, StepTable
+from .schema import RunMeta, StepTable
 
 __all__ = ["RunDir", "ReadStats", "StepFileWriter", "is_run_dir", "utc_stamp"]
 
@@ -44,6 +45,8 @@ STEPS_DIR = "steps"
 EVENTS_JSONL = "events.jsonl"
 PROFILES_DIR = "profiles"
 REPORT_HTML = "report.html"
+# Derived data only (the columnar step cache): safe to delete at any time.
+CACHE_DIR = ".cache"
 
 
 def utc_stamp(now: _dt.datetime | None = None) -> str:
@@ -54,22 +57,6 @@ def utc_stamp(now: _dt.datetime | None = None) -> str:
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / RUN_JSON).is_file()
-
-
-@dataclass
-class ReadStats:
-    """What a reader skipped: counts per file, and the first few reasons."""
-
-    records: int = 0
-    skipped: int = 0
-    torn_tail: int = 0
-    files: int = 0
-    problems: list[str] = field(default_factory=list)
-
-    def note(self, problem: str) -> None:
-        self.skipped += 1
-        if len(self.problems) < 20:
-            self.problems.append(problem)
 
 
 class StepFileWriter:
@@ -125,92 +112,13 @@ class StepFileWriter:
             self._fd = None
 
 
-def _parse_jsonl(data: bytes, source: str, stats: ReadStats) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    lines = data.split(b"\n")
-    last = len(lines) - 1
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            if i == last:  # no newline after it: the writer died mid-line
-                stats.torn_tail += 1
-                stats.note(f"{source}: torn last line (partial write), skipped")
-            else:
-                stats.note(f"{source}:{i + 1}: corrupt record, skipped")
-            continue
-        if not isinstance(obj, dict):
-            stats.note(f"{source}:{i + 1}: record is not a JSON object, skipped")
-            continue
-        rows.append(obj)
-    return rows
-
-
-# Non-finite values are written as these strings (JSON has no NaN/inf literals).
-_NONFINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
-
-
-def _is_value(v: Any) -> bool:
-    return ((isinstance(v, (int, float)) and not isinstance(v, bool))
-            or (isinstance(v, str) and v in _NONFINITE))
-
-
-def _column(vals: list[Any]) -> tuple[AnyArray, AnyArray | None]:
-    """Float column from record values, and a flag column where an explicit NaN was read."""
-    out = np.empty(len(vals), dtype=np.float64)
-    flags = None
-    for i, v in enumerate(vals):
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[i] = v
-        elif isinstance(v, str) and v in _NONFINITE:
-            out[i] = _NONFINITE[v]
-            if v == "NaN":
-                if flags is None:
-                    flags = np.zeros(len(vals), dtype=np.float64)
-                flags[i] = 1.0
-        else:  # None (not recorded) or a value of the wrong type
-            out[i] = np.nan
-    return out, flags
-
-
-def _rows_to_table(rows: list[dict[str, Any]], source: str, stats: ReadStats) -> StepTable:
-    names: dict[str, None] = dict.fromkeys(STEP_COLUMN_NAMES)
-    good: list[dict[str, Any]] = []
-    merged: dict[tuple[Any, Any], dict[str, Any]] = {}
-    for i, r in enumerate(rows):
-        if not isinstance(r.get("step"), int) or not isinstance(r.get("rank", 0), int):
-            stats.note(f"{source}: record {i + 1} has no integer 'step'/'rank', skipped")
-            continue
-        for k in [k for k, v in r.items() if v is not None and not _is_value(v)]:
-            r.pop(k)  # non-numeric values cannot live in a float column
-        key = (r.get("rank", 0), r["step"])
-        prev = merged.get(key)
-        if prev is None:
-            merged[key] = r
-            good.append(r)
-        else:  # a late record (values logged after the step closed): merge into it
-            prev.update({k: v for k, v in r.items() if v is not None})
-        names.update(dict.fromkeys(r))
-    cols: dict[str, AnyArray] = {}
-    for name in names:
-        vals = [r.get(name) for r in good]
-        if name in ("rank", "step"):
-            cols[name] = np.array([v if v is not None else 0 for v in vals], dtype=np.int64)
-            continue
-        cols[name], flags = _column(vals)
-        if flags is not None:
-            cols[f"{name}_nan"] = flags
-    stats.records += len(good)
-    return StepTable(cols)
-
-
 class RunDir:
     """Handle on one run directory. ``create`` makes one, ``open`` validates one."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        # Fields of run.json dropped by the last ``read_meta`` (wrong type), one line each.
+        self.meta_problems: list[str] = []
 
     # -- creation and metadata -------------------------------------------------------
     @classmethod
@@ -279,7 +187,11 @@ class RunDir:
     def read_meta(self) -> RunMeta:
         try:
             raw = orjson.loads(self.meta_path.read_bytes())
-            return RunMeta.from_dict(raw)
+            cleaned, self.meta_problems = clean_meta(raw)
+            for problem in self.meta_problems:
+                warnings.warn(f"stepscope: {self.meta_path}: {problem}", RuntimeWarning,
+                              stacklevel=2)
+            return RunMeta.from_dict(cleaned)
         except FileNotFoundError as exc:
             raise RunDirError(f"{self.meta_path} is missing") from exc
         except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
@@ -329,20 +241,24 @@ class RunDir:
     def step_files(self) -> list[Path]:
         return sorted((self.path / STEPS_DIR).glob("rank-*.jsonl"))
 
-    def read_steps(self) -> tuple[StepTable, ReadStats]:
-        """All ranks' step records as one table ordered by (rank, step)."""
-        stats = ReadStats()
-        tables = []
-        for f in self.step_files():
-            stats.files += 1
-            try:
-                data = f.read_bytes()
-            except OSError as exc:
-                stats.note(f"{f.name}: unreadable ({exc}), skipped")
-                continue
-            rows = _parse_jsonl(data, f.name, stats)
-            tables.append(_rows_to_table(rows, f.name, stats))
-        return StepTable.concat(tables).sorted(), stats
+    @property
+    def cache_dir(self) -> Path:
+        """Derived columnar data (never the source of truth; safe to delete)."""
+        return self.path / CACHE_DIR
+
+    def read_steps(self, *, cache: bool = True, processes: int | None = None
+                   ) -> tuple[StepTable, ReadStats]:
+        """All ranks' step records as one table ordered by (rank, step).
+
+        Records are validated (see :mod:`stepscope._steps_decode`): skipped records and
+        dropped values are counted per reason in the returned :class:`ReadStats`.
+        ``cache``: keep and use the incremental columnar cache under ``RUN/.cache/steps``
+        (rebuilt whenever it does not match the step files; best effort when the run
+        directory is read-only). ``processes``: worker processes for many large rank files
+        (default: CPUs when worth it; 1 = serial).
+        """
+        cache_dir = self.cache_dir / STEPS_DIR if cache else None
+        return read_step_files(self.step_files(), cache_dir, processes)
 
     # -- events ----------------------------------------------------------------------
     def append_event(self, event: Mapping[str, Any]) -> None:
@@ -369,7 +285,7 @@ class RunDir:
             stats.note(f"{EVENTS_JSONL}: unreadable ({exc})")
             return [], stats
         stats.files = 1
-        rows = _parse_jsonl(data, EVENTS_JSONL, stats)
+        rows = [r for _, r in parse_jsonl(data, EVENTS_JSONL, stats)]
         stats.records = len(rows)
         if type is not None:
             rows = [r for r in rows if r.get("type") == type]

@@ -28,7 +28,8 @@ CLI = {
     'demo': ('--framework', '--json', '--out', '--seed', '--slow-data', '--steps'),
     'diagnose': ('--json', '--trace'),
     'eval-log': ('--json', '--metric', '--step', '--tokens'),
-    'index': ('--best', '--db', '--json', '--markdown', '--sort', '--where'),
+    'index': ('--best', '--db', '--engine', '--json', '--markdown', '--scheduler', '--sort',
+              '--where'),
     'isolate': ('--json', '--out', '--steps', '--warmup'),
     'memory': (   '--attention-scores',
                  '--convention',
@@ -194,7 +195,7 @@ CLI = {
     'serve': ('--host', '--port'),
     'trace': (),
     'trace diff': ('--hta-compatible', '--json', '--steps', '--top'),
-    'trace show': ('--hta-compatible', '--json', '--steps', '--top'),
+    'trace show': ('--engine', '--hta-compatible', '--json', '--scheduler', '--steps', '--top'),
 }
 
 

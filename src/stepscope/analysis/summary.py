@@ -56,31 +56,116 @@ _PHASE_COLUMNS = {
 }
 
 
-def _rank_warmup(step_time: AnyArray) -> int:
-    n = len(step_time)
-    if n <= 2:
-        return min(n - 1, 1) if n else 0
-    cap = max(1, int(n * WARMUP_MAX_FRAC))
-    k = 1
-    rest = step_time[1:]
-    finite = rest[np.isfinite(rest)]
-    if not finite.size:
-        return 1
-    ref = float(np.median(finite))
-    while k < cap and np.isfinite(step_time[k]) and step_time[k] > WARMUP_SLOW_FACTOR * ref:
-        k += 1
-    return k
+@dataclass(frozen=True)
+class _Groups:
+    """Rows grouped by rank, each group in table order (a stable sort): ``order[starts[g]:
+    starts[g] + counts[g]]`` are the rows of rank ``ranks[g]``. One sort replaces one
+    full-table mask per rank (O(ranks x rows)). Sums stay ``np.sum`` of each rank's slice
+    (pairwise summation): ``np.add.reduceat`` sums sequentially and would move the last
+    bits of every share, so the one loop left is over slices, O(rows) in all."""
+
+    ranks: AnyArray
+    order: AnyArray
+    starts: AnyArray
+    counts: AnyArray
+
+    @classmethod
+    def of(cls, rank: AnyArray, within: AnyArray | None = None) -> _Groups:
+        order = _stable_order(rank, within)
+        r = rank[order]
+        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]]) if r.size else r[:0]
+        counts = np.diff(np.r_[starts, r.size])
+        return cls(r[starts], order, starts, counts)
+
+    def gid(self) -> AnyArray:
+        """Group index of each position of ``order``."""
+        return np.repeat(np.arange(self.ranks.size), self.counts)
+
+    def sums(self, x: AnyArray) -> AnyArray:
+        """np.nansum of each group (0.0 for none)."""
+        if not x.size:
+            return np.zeros(self.ranks.size)
+        v = x[self.order]
+        return self._slice_sums(np.where(np.isnan(v), 0.0, v), self.starts, self.counts)
+
+    @staticmethod
+    def _slice_sums(v: AnyArray, starts: AnyArray, counts: AnyArray) -> AnyArray:
+        return np.array([v[a:a + n].sum() for a, n in zip(starts.tolist(), counts.tolist(),
+                                                          strict=True)], dtype=np.float64)
+
+    def finite_sums(self, x: AnyArray) -> AnyArray:
+        """Sum of each group's finite values, as ``x[np.isfinite(x)].sum()`` (0.0 for none)."""
+        v = x[self.order]
+        ok = np.isfinite(v)
+        out = np.zeros(self.ranks.size)
+        gid = self.gid()[ok]
+        if gid.size:
+            first = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
+            out[gid[first]] = self._slice_sums(v[ok], first, np.diff(np.r_[first, gid.size]))
+        return out
+
+    def any_finite(self, x: AnyArray) -> AnyArray:
+        if not x.size:
+            return np.zeros(self.ranks.size, dtype=bool)
+        return np.logical_or.reduceat(np.isfinite(x[self.order]), self.starts)
+
+    def medians(self, x: AnyArray, skip_first: bool = False) -> AnyArray:
+        """np.median of each group's finite values (optionally without its first row).
+
+        A loop over contiguous slices (O(rows) in all): ``np.median`` of each is exactly
+        the per-rank value, and cheaper than sorting the whole table by (rank, value)."""
+        v = x[self.order]
+        out = np.full(self.ranks.size, np.nan)
+        skip = int(skip_first)
+        for i, (a, n) in enumerate(zip(self.starts.tolist(), self.counts.tolist(),
+                                       strict=True)):
+            part = v[a + skip:a + n]
+            part = part[np.isfinite(part)]
+            if part.size:
+                out[i] = np.median(part)
+        return out
+
+
+def _stable_order(rank: AnyArray, within: AnyArray | None) -> AnyArray:
+    """Stable order by rank (then ``within``); the identity when the rows already are."""
+    order: AnyArray
+    if rank.size < 2:
+        return np.arange(rank.size)
+    dr = np.diff(rank)
+    if within is None:
+        order = np.arange(rank.size) if bool((dr >= 0).all()) else np.argsort(
+            rank, kind="stable")
+        return order
+    if bool(((dr > 0) | ((dr == 0) & (np.diff(within) >= 0))).all()):
+        return np.arange(rank.size)
+    order = np.lexsort((within, rank))
+    return order
 
 
 def steady_mask(table: StepTable) -> AnyArray:
-    """Boolean mask of steady-state rows (warm-up excluded per rank; see module doc)."""
+    """Boolean mask of steady-state rows (warm-up excluded per rank; see module doc).
+
+    Per rank ordered by step: the first step always, then leading steps slower than
+    ``WARMUP_SLOW_FACTOR`` x the median of the rest (finite values), at most
+    ``WARMUP_MAX_FRAC`` of the rank's steps; ranks of two or fewer steps drop one.
+    """
     mask = np.zeros(len(table), dtype=bool)
-    ranks = table["rank"]
-    for r in np.unique(ranks):
-        idx = np.flatnonzero(ranks == r)
-        idx = idx[np.argsort(table["step"][idx], kind="stable")]
-        k = _rank_warmup(table["step_time_s"][idx])
-        mask[idx[k:]] = True
+    if not len(table):
+        return mask
+    g = _Groups.of(table["rank"], within=table["step"])
+    st = table["step_time_s"][g.order]
+    n = g.counts
+    ref = g.medians(table["step_time_s"], skip_first=True)
+    pos = np.arange(st.size) - np.repeat(g.starts, n)
+    with np.errstate(invalid="ignore"):
+        slow = np.isfinite(st) & (st > WARMUP_SLOW_FACTOR * np.repeat(ref, n))
+    stop = np.where(~slow & (pos >= 1), pos, np.iinfo(np.int64).max)
+    first_fast = np.minimum.reduceat(stop, g.starts)
+    cap = np.maximum(1, (n * WARMUP_MAX_FRAC).astype(np.int64))
+    k = np.minimum(first_fast, cap)
+    k = np.where(np.isfinite(ref), k, 1)  # nothing to compare with: drop the first only
+    k = np.where(n <= 2, np.minimum(n - 1, 1), k)
+    mask[g.order[pos >= np.repeat(k, n)]] = True
     return mask
 
 
@@ -166,14 +251,13 @@ def _phase_split(steady: StepTable) -> tuple[dict[str, float], str]:
 
 
 def _throughput(steady: StepTable, col: str) -> float | None:
+    """Sum over ranks of each rank's nansum(col) / nansum(step_time_s) (ranks with time)."""
     if not steady.has_data(col):
         return None
-    total = 0.0
-    for r in steady.ranks():
-        part = steady.rank(r)
-        t = float(np.nansum(part["step_time_s"]))
-        if t > 0:
-            total += float(np.nansum(part[col])) / t
+    g = _Groups.of(steady["rank"])
+    t = g.sums(steady["step_time_s"])
+    per_rank = np.where(t > 0, g.sums(steady[col]) / np.where(t > 0, t, 1.0), 0.0)
+    total = float(np.cumsum(per_rank)[-1]) if per_rank.size else 0.0  # sequential, in rank order
     return total or None
 
 
@@ -217,20 +301,38 @@ def _positive(v: Any) -> float | None:
 
 def _rank_lines(steady: StepTable) -> list[RankLine]:
     """Per-rank medians and shares; compute = forward + backward (+ fused) + optimizer."""
+    g = _Groups.of(steady["rank"])
+    st = steady["step_time_s"]
+    total = g.finite_sums(st)
+    median = g.medians(st)
+    tps = g.sums(st)  # _throughput per rank divides by nansum(step_time_s) too
+    cols: dict[str, tuple[AnyArray, AnyArray]] = {
+        c: (g.sums(steady[c]), g.any_finite(steady[c]))
+        for c in ("tokens", "data_wait_s", "comm_s", "forward_s", "backward_s",
+                  "forward_backward_s", "optimizer_s") if c in steady}
+    comp = np.zeros(g.ranks.size)
+    any_comp = np.zeros(g.ranks.size, dtype=bool)
+    for c in ("forward_s", "backward_s", "forward_backward_s", "optimizer_s"):
+        if c in cols:
+            comp = comp + np.where(cols[c][1], cols[c][0], 0.0)
+            any_comp |= cols[c][1]
+
+    def share(c: str, i: int) -> float | None:
+        if c not in cols or not cols[c][1][i] or total[i] <= 0:
+            return None
+        return float(cols[c][0][i] / total[i])
+
     out = []
-    for r in steady.ranks():
-        part = steady.rank(r)
-        st = part["step_time_s"][np.isfinite(part["step_time_s"])]
-        total = float(st.sum()) if st.size else 0.0
-        comp = [c for c in ("forward_s", "backward_s", "forward_backward_s", "optimizer_s")
-                if part.has_data(c)]
-        compute = (float(sum(np.nansum(part[c]) for c in comp)) / total
-                   if comp and total > 0 else None)
+    for i, r in enumerate(g.ranks.tolist()):  # builds the result rows; no array work
+        tok = (float(cols["tokens"][0][i] / tps[i]) or None
+               if "tokens" in cols and cols["tokens"][1][i] and tps[i] > 0 else None)
         out.append(RankLine(
-            rank=r, steps=len(part), step_time_s=float(np.median(st)) if st.size else None,
-            tokens_per_s=_throughput(part, "tokens"),
-            data_wait_frac=_share(part, "data_wait_s", total),
-            comm_frac=_share(part, "comm_s", total), compute_frac=compute))
+            rank=int(r), steps=int(g.counts[i]),
+            step_time_s=float(median[i]) if np.isfinite(median[i]) else None,
+            tokens_per_s=tok, data_wait_frac=share("data_wait_s", i),
+            comm_frac=share("comm_s", i),
+            compute_frac=(float(comp[i] / total[i]) if any_comp[i] and total[i] > 0
+                          else None)))
     return out
 
 

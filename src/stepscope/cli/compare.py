@@ -3,6 +3,7 @@
     stepscope compare RUN_A RUN_B [--json] [--allow-multi] [--markdown] [--seed N]
                       [--repeat RUN_A2]...
     stepscope index ROOT [--markdown] [--json] [--where EXPR]... [--sort COL] [--best EXPR]
+                    [--engine local|dask] [--scheduler ADDRESS]
     stepscope scaling RUN... [--json] [--markdown] [--allow-multi]
     stepscope eval-log RUN --step N --metric NAME=VALUE... [--tokens T] [--json]
 
@@ -20,6 +21,7 @@ import click
 from ..analysis.compare.quality import eval_record
 from ..analysis.compare.runs import Comparison, compare_runs, diff_fingerprints
 from ..analysis.compare.scaling import scaling
+from ..engine import ENGINES
 from ..errors import ConfigError
 from ..index import INDEX_FILE, best_config, build_index, query_index
 from ..schema import RunMeta, StepTable
@@ -95,10 +97,16 @@ def _emit_comparison(result: Comparison, as_json: bool, markdown: bool) -> None:
                    "'num_params=7e9,num_devices=64'.")
 @click.option("--db", type=click.Path(), default=None,
               help=f"Index file (default ROOT/{INDEX_FILE}).")
+@click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
+              help="Where changed runs are read: local processes, or Dask distributed tasks.")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Dask scheduler (e.g. tcp://host:8786) for --engine dask; default: a new "
+                   "local cluster. Its workers must see ROOT at the same path.")
 def index_cmd(root: str, as_json: bool, markdown: bool, where: tuple[str, ...],
-              sort: str | None, best: str | None, db: str | None) -> None:
+              sort: str | None, best: str | None, db: str | None, engine: str,
+              scheduler: str | None) -> None:
     """Index every run under ROOT (incremental); list, filter, sort, find the best."""
-    result = build_index(root, db)
+    result = build_index(root, db, engine=engine, scheduler=scheduler)
     filters = list(where)
     rows: list[dict[str, Any]]
     used = None

@@ -75,7 +75,7 @@ def _render(d: Diagnosis, run: Path) -> None:
 def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     """Ranked findings, the bottleneck and the next experiment for run directory RUN."""
     loaded = load_steps(run, require=False)  # a run that has not stepped yet is diagnosed too
-    rd, meta, table = loaded.run, loaded.meta, loaded.table
+    rd, meta, table, stats = loaded.run, loaded.meta, loaded.table, loaded.stats
     events, _ = rd.read_events()
     report = None
     if trace is not None:
@@ -92,9 +92,12 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     now = time.time() if meta.status == "running" else None
     d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now)
     if as_json:
-        emit_json(d.to_dict())
+        emit_json({**d.to_dict(), "read": {**stats.to_dict(),
+                                           "meta_problems": rd.meta_problems}})
     else:
         _render(d, run)
+        if stats.summary():
+            click.echo(stats.summary())
 
 
 def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,

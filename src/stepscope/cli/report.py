@@ -35,5 +35,7 @@ def report_cmd(run: Path, html_out: Path | None, as_json: bool, no_html: bool) -
 
     console = Console()
     render_sheet(console, loaded.sheet, loaded.meta, loaded.findings)
+    if loaded.stats.summary():
+        console.print(loaded.stats.summary(), style="yellow", markup=False)
     if html_path:
         console.print(f"HTML report: {html_path}")

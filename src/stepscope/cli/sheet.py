@@ -52,4 +52,5 @@ def sheet_json(loaded: LoadedRun) -> dict[str, Any]:
                 "error": loaded.meta.error}
     d["findings"] = [f.to_dict() for f in loaded.findings]
     d["read_problems"] = loaded.stats.problems
+    d["read"] = {**loaded.stats.to_dict(), "meta_problems": loaded.run.meta_problems}
     return d

@@ -1,6 +1,7 @@
 """``stepscope trace PATH [PATH2 ...]`` and ``stepscope trace diff A B``.
 
     stepscope trace PATH [PATH2 …] [--hta-compatible] [--steps a:b] [--top N] [--json]
+                    [--engine local|dask] [--scheduler ADDRESS]
     stepscope trace diff A B [--hta-compatible] [--steps a:b] [--json]
 
 ``--steps a:b`` names ProfilerStep numbers with both ends included (stepscope's one
@@ -19,6 +20,7 @@ import click
 
 from .._ranges import parse_step_range
 from ..analysis.trace.breakdown import analyze
+from ..engine import ENGINES
 from ..errors import RunDirError
 from ..schema import EventTable
 from ..store import RunDir, is_run_dir
@@ -49,8 +51,9 @@ def _resolve(path: Path) -> Path:
     return dirs[-1]
 
 
-def _read(paths: list[Path]) -> list[EventTable]:
-    return read_trace([_resolve(p) for p in paths])
+def _read(paths: list[Path], engine: str = "local", scheduler: str | None = None
+          ) -> list[EventTable]:
+    return read_trace([_resolve(p) for p in paths], engine=engine, scheduler=scheduler)
 
 
 _hta_opt = click.option(
@@ -62,6 +65,13 @@ _steps_opt = click.option(
     help="ProfilerStep numbers to analyse, FIRST:LAST with both ends included, the "
          "convention of every a:b flag (e.g. 2:4 is steps 2, 3 and 4; 3: and :5 are open).")
 _json_opt = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+_engine_opt = click.option(
+    "--engine", type=click.Choice(ENGINES), default="local", show_default=True,
+    help="Where rank files are read: local processes, or Dask distributed tasks.")
+_scheduler_opt = click.option(
+    "--scheduler", default=None, metavar="ADDRESS",
+    help="Dask scheduler (e.g. tcp://host:8786) for --engine dask; default: a new local "
+         "cluster. Its workers must see the trace paths.")
 
 
 @cli.group("trace", cls=_TraceGroup)
@@ -80,10 +90,12 @@ def trace_group() -> None:
 @_steps_opt
 @click.option("--top", default=10, show_default=True, help="Ops to list.")
 @_json_opt
+@_engine_opt
+@_scheduler_opt
 def show_cmd(paths: tuple[Path, ...], hta_compatible: bool, steps: str | None, top: int,
-             as_json: bool) -> None:
+             as_json: bool, engine: str, scheduler: str | None) -> None:
     """Analyse PATH (trace file, directory of per-rank traces, or MindSpore directory)."""
-    report = analyze(_read(list(paths)), hta_compatible=hta_compatible,
+    report = analyze(_read(list(paths), engine, scheduler), hta_compatible=hta_compatible,
                      steps=parse_step_range(steps, "--steps"), top=max(top, 20))
     if as_json:
         emit_json(report.to_dict())

@@ -18,6 +18,7 @@ import numpy as np
 from ..analysis.findings import Finding
 from ..analysis.summary import Sheet
 from ..schema import RunMeta, StepTable
+from .fleet import fleet_matrix, fleet_svgs, slowest_ranks
 from .fmt import fmt_bytes, fmt_num, fmt_pct
 
 __all__ = ["render_html"]
@@ -45,7 +46,7 @@ font-variant-numeric:tabular-nums;white-space:nowrap}.dim{color:#777;font-size:.
 height:.8em;margin-right:.3em;border-radius:2px}
 .critical{color:#b00020;font-weight:600}.warning{color:#a66300;font-weight:600}
 .info{color:#666}.plots{display:grid;grid-template-columns:1fr 1fr;gap:1rem}
-.plots svg{width:100%;height:auto}
+.plots svg{width:100%;height:auto}.wide svg{width:100%;height:auto}
 """
 
 
@@ -90,19 +91,27 @@ def _split(s: Sheet) -> str:
             f"<p class=dim>{_e(s.phase_source)}</p>")
 
 
+# Rank rows listed in the table; the rest of a large fleet is in the plots and the heatmap.
+_RANK_ROWS = 16
+
+
 def _ranks(s: Sheet) -> str:
     if not s.per_rank:
         return ""
+    ordered = sorted(s.per_rank, key=lambda x: -(x.step_time_s or 0.0))
+    more = len(ordered) - _RANK_ROWS
     rows = "".join(
         f"<tr><td>{x.rank}</td><td class=v>{_e(fmt_num(x.step_time_s, 's'))}</td>"
         f"<td class=v>{_e(fmt_num(x.tokens_per_s))}</td>"
         f"<td class=v>{_e(fmt_pct(x.data_wait_frac))}</td>"
         f"<td class=v>{_e(fmt_pct(x.comm_frac))}</td>"
         f"<td class=v>{_e(fmt_pct(x.compute_frac))}</td></tr>"
-        for x in sorted(s.per_rank, key=lambda x: -(x.step_time_s or 0.0)))
+        for x in ordered[:_RANK_ROWS])
+    note = (f"<p class=dim>{more} faster rank(s) not listed: see the fleet plots and the "
+            "rank x step heatmap under Curves.</p>" if more > 0 else "")
     return ("<h2>Ranks (steady state), slowest first</h2><table><tr><th>rank</th>"
             "<th>step time</th><th>tokens/s</th><th>data wait</th><th>comm total</th>"
-            f"<th>compute</th></tr>{rows}</table>")
+            f"<th>compute</th></tr>{rows}</table>{note}")
 
 
 def _findings(findings: Sequence[Finding]) -> str:
@@ -127,44 +136,38 @@ def _svg(fig: Any) -> str:
 
 
 def _plots(t: StepTable) -> str:
+    """Curves drawn as a fleet (report/fleet.py): readable and small at 1,024 ranks."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = []
-    t = t.sorted()
-    for col, label in (("loss", "training loss"), ("step_time_s", "step time (s)"),
-                       ("lr", "learning rate"), ("grad_norm", "gradient norm"),
-                       ("mem_peak_bytes", "memory peak (bytes)"),
-                       ("loss_scale", "loss scale")):
-        if not t.has_data(col):
-            continue
-        fig, ax = plt.subplots(figsize=(5.2, 2.8))
-        for r in t.ranks():
-            part = t.rank(r)
-            ax.plot(part["step"], part[col], lw=1, label=f"rank {r}")
-        ax.set_xlabel("step")
-        ax.set_title(label, fontsize=10)
-        if len(t.ranks()) > 1:
-            ax.legend(fontsize=7)
-        ax.grid(alpha=.3)
-        out.append(_svg(fig))
-    out.append(_phase_plot(t, plt))
-    return "<div class=plots>" + "".join(o for o in out if o) + "</div>"
+    curves, wide = fleet_svgs(t)
+    curves.append(_phase_plot(t, plt))
+    slow = ""
+    if len(np.unique(t["rank"])) > 1 and t.has_data("step_time_s"):
+        named = ", ".join(f"rank {r} ({x:.2f}x)" for r, x in
+                          slowest_ranks(fleet_matrix(t, "step_time_s"), 5))
+        slow = f"<p>Slowest ranks (median step time over the fleet's median): {_e(named)}</p>"
+    return (slow + "<div class=plots>" + "".join(o for o in curves if o) + "</div>"
+            + "".join(f"<div class=wide>{w}</div>" for w in wide))
 
 
 def _phase_plot(t: StepTable, plt: Any) -> str:
     cols = [c for c in _PHASE_COLOURS if t.has_data(c)]
     if not cols:
         return ""
-    part = t.rank(t.ranks()[0])
+    first = int(t["rank"].min())
+    part = t.select(t["rank"] == first)
     fig, ax = plt.subplots(figsize=(5.2, 2.8))
-    ys = [np.nan_to_num(part[c]) for c in cols]
-    ax.stackplot(part["step"], ys, labels=[_PHASE_COLOURS[c][0] for c in cols],
+    # Binned like the fleet curves, so a 150,000-step rank stays a small SVG.
+    steps = fleet_matrix(part, cols[0]).steps
+    ys = [np.nan_to_num(fleet_matrix(part, c).values[0]) for c in cols]  # one rank: cheap
+    ax.stackplot(steps, ys, labels=[_PHASE_COLOURS[c][0] for c in cols],
                  colors=[_PHASE_COLOURS[c][1] for c in cols], alpha=.85)
-    ax.plot(part["step"], part["step_time_s"], color="k", lw=.8, label="step time")
-    ax.set_title(f"step time split (s), rank {t.ranks()[0]}", fontsize=10)
+    ax.plot(steps, fleet_matrix(part, "step_time_s").values[0], color="k", lw=.8,
+            label="step time")
+    ax.set_title(f"step time split (s), rank {first}", fontsize=10)
     ax.set_xlabel("step")
     ax.legend(fontsize=7, ncol=3)
     ax.grid(alpha=.3)

@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
+from ..engine import map_items
 from ..errors import TraceFormatError
 from ..schema import EventTable
 from . import kineto
@@ -123,12 +124,16 @@ def _read_mindspore(path: Path) -> list[EventTable]:
 
 
 def read_trace(path_or_paths: str | Path | Sequence[str | Path], *,
-               processes: int | None = None) -> list[EventTable]:
+               processes: int | None = None, engine: str = "local",
+               scheduler: str | None = None) -> list[EventTable]:
     """Read traces into one EventTable per rank (sorted by rank), parsing files in parallel.
 
     ``path_or_paths``: a trace file, a directory of per-rank files, a MindSpore
     ``*_ascend_ms`` directory (or a folder of them), or a list of any of these.
     ``processes``: worker processes for per-rank files (default: min(files, CPUs); 1 = serial).
+    ``engine``: ``local`` (this machine's processes) or ``dask`` (each file a task on a Dask
+    distributed cluster: a new local one, or the one at ``scheduler``; see
+    :mod:`stepscope.engine`).
 
     Example::
 
@@ -142,9 +147,16 @@ def read_trace(path_or_paths: str | Path | Sequence[str | Path], *,
     if not kfiles and not ms_dirs:
         raise TraceFormatError(f"{', '.join(map(str, paths))}: no trace files found; expected "
                                "*.json / *.json.gz PyTorch profiler traces or *_ascend_ms dirs.")
-    tables = _read_kineto_files(kfiles, processes)
-    for d in ms_dirs:
-        tables.extend(_read_mindspore(d))
+    if engine == "local" and not scheduler:
+        tables = _read_kineto_files(kfiles, processes)
+        for d in ms_dirs:
+            tables.extend(_read_mindspore(d))
+    else:
+        tables = map_items(kineto.read, kfiles, engine=engine, scheduler=scheduler,
+                           processes=processes)
+        for per_dir in map_items(_read_mindspore, ms_dirs, engine=engine,
+                                 scheduler=scheduler, processes=processes):
+            tables.extend(per_dir)
     _check_ranks(tables)
     return sorted(tables, key=lambda t: int(t.meta.get("rank", 0)))
 

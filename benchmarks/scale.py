@@ -1,0 +1,163 @@
+"""Scale benchmark (issue 18): report, diagnose and compare on runs of millions of records.
+
+Generates run directories of synthetic step records in the Recorder's own format
+(``stepscope._records.rows_to_records``, one JSONL file per rank, ~400 bytes per record,
+one straggler rank planted 15% slower), then times each command as a fresh process, cold
+(no ``RUN/.cache``) and warm (cache built by the cold run), with its peak resident memory
+(``wait4``: the maximum over the process and the workers it waited for). The floor is a
+bulk decode of the same files in this process (``msgspec.json.Decoder().decode_lines`` per
+file, into dicts: no validation, no columns). ``--before-src DIR`` also times the commands
+with another checkout's ``src`` first on ``PYTHONPATH`` (e.g. the code before the columnar
+reader), cold only: it has no cache.
+
+Shapes: ``--full`` the issue's 64 ranks x 150,000 steps and 1,024 ranks x 2,000 steps;
+default a scale that fits in minutes; ``--small`` seconds; ``--shape RxS`` any (repeatable).
+Targets (issue 18): warm < 3 s, cold < 2x floor, peak < 2 GB at 9.6 M records, HTML < 5 s.
+
+Run: ``.venv/bin/python benchmarks/scale.py [--small | --full] [--before-src /path/src]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import orjson
+
+from stepscope._records import rows_to_records
+from stepscope.schema import RunMeta
+from stepscope.store import RunDir
+
+_NAMES = ["rank", "step", "end_s", "wall_time_s", "step_time_s", "data_wait_s", "forward_s",
+          "backward_s", "optimizer_s", "comm_s", "comm_exposed_s", "tokens", "samples", "loss",
+          "lr", "grad_norm", "mem_peak_bytes", "mem_alloc_bytes", "cpu_s", "preempt", "synced"]
+_BATCH = 50_000
+SHAPES = {"small": [(8, 5_000), (128, 200)], "default": [(32, 25_000), (512, 1_000)],
+          "full": [(64, 150_000), (1024, 2_000)]}
+
+
+def _rank_rows(rank: int, steps: int, seed: int, slow: float) -> np.ndarray:
+    rng = np.random.default_rng(seed * 100_003 + rank)
+    st = slow * (8.0 + rng.normal(0, 0.08, steps))
+    st[0] *= 3  # warm-up step
+    n = np.arange(steps, dtype=float)
+    cols = [np.full(steps, float(rank)), n, np.cumsum(st), 1.7e9 + np.cumsum(st), st,
+            st * 0.01, st * 0.3, st * 0.45, st * 0.1, st * 0.06, st * 0.02,
+            np.full(steps, 524_288.0), np.full(steps, 128.0),
+            3.0 / (1 + n / 5000) + rng.normal(0, 0.01, steps), np.full(steps, 3e-4),
+            rng.gamma(2.0, 0.2, steps), np.full(steps, 6.4e10), np.full(steps, 3.2e10),
+            st * 0.9, rng.integers(0, 10, steps).astype(float), np.zeros(steps)]
+    return np.column_stack(cols)
+
+
+def generate(path: Path, ranks: int, steps: int, seed: int = 0) -> RunDir:
+    """A run directory of ``ranks`` x ``steps`` records; rank ranks//3 is the straggler."""
+    run = RunDir.create(path, RunMeta(
+        run_id=path.name, baseline={"num_devices": ranks, "model_name": "gpt-7b",
+                                    "global_batch": 128 * ranks, "seq_len": 4096},
+        environment={"framework": "torch", "flops_per_token": 6 * 7e9,
+                     "peak_flops_per_device": 989e12, "device_name": "synthetic"}))
+    for r in range(ranks):
+        rows = _rank_rows(r, steps, seed, 1.15 if r == ranks // 3 else 1.0)
+        with open(run.steps_path(r), "wb") as f:
+            for i in range(0, steps, _BATCH):
+                recs = rows_to_records(rows[i:i + _BATCH].tolist(), _NAMES)
+                f.write(b"\n".join(orjson.dumps(x) for x in recs) + b"\n")
+    run.update_meta(status="finished")
+    return run
+
+
+def floor_s(run: RunDir) -> float:
+    dec = msgspec.json.Decoder()
+    t0 = time.perf_counter()
+    for f in run.step_files():
+        dec.decode_lines(f.read_bytes())
+    return time.perf_counter() - t0
+
+
+def timed(argv: list[str], src: str | None = None) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MB) of ``python -m stepscope ARGV`` in a fresh process."""
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = src
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "stepscope", *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    dt = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.returncode not in (0, 1):  # compare exits 1 for an invalid comparison
+        raise SystemExit(f"stepscope {' '.join(argv)} failed ({proc.returncode}): {err}")
+    return dt, usage.ru_maxrss / 1024
+
+
+def _commands(a: Path, b: Path, html: Path) -> dict[str, list[str]]:
+    return {"report --json": ["report", str(a), "--json", "--no-html"],
+            "report --html": ["report", str(a), "--json", "--html", str(html)],
+            "diagnose": ["diagnose", str(a), "--json"],
+            "compare": ["compare", str(a), str(b), "--json", "--allow-multi"]}
+
+
+def bench_shape(root: Path, ranks: int, steps: int, before: str | None) -> list[str]:
+    a = generate(root / f"a-{ranks}x{steps}", ranks, steps, seed=1)
+    b = generate(root / f"b-{ranks}x{steps}", ranks, steps, seed=2)
+    size = sum(f.stat().st_size for f in a.step_files()) / 1e6
+    floor = floor_s(a)  # one run's files; compare reads two (the table divides by 2x)
+    out = [f"\n### {ranks} ranks x {steps:,} steps = {ranks * steps:,} records, "
+           f"{size:,.0f} MB per run; floor (bulk decode of one run) {floor:.2f} s\n",
+           "| command | cold s | warm s | cold / floor | peak MB cold | peak MB warm"
+           + (" | before s | before peak MB |" if before else " |"),
+           "|---|---|---|---|---|---" + ("|---|---|" if before else "|")]
+    for name, argv in _commands(a.path, b.path, root / "r.html").items():
+        shutil.rmtree(a.cache_dir, ignore_errors=True)
+        shutil.rmtree(b.cache_dir, ignore_errors=True)
+        cold, cold_mb = timed(argv)
+        warm, warm_mb = timed(argv)
+        runs = 2 if name == "compare" else 1
+        row = (f"| {name} | {cold:.2f} | {warm:.2f} | {cold / (floor * runs):.1f}x | "
+               f"{cold_mb:,.0f} | {warm_mb:,.0f} |")
+        if before:
+            bt, bmb = timed(argv, before)
+            row += f" {bt:.2f} | {bmb:,.0f} |"
+        out.append(row)
+        print(row, flush=True)
+    shutil.rmtree(a.path)
+    shutil.rmtree(b.path)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--small", action="store_true", help="seconds: 8x5,000 and 128x200")
+    group.add_argument("--full", action="store_true",
+                       help="the issue's 64x150,000 and 1,024x2,000 (~8 GB of files)")
+    group.add_argument("--shape", action="append", metavar="RxS", help="ranks x steps")
+    ap.add_argument("--before-src", default=None, help="also time this checkout's src/")
+    ap.add_argument("--dir", default=None, help="where to generate (default: a temp dir)")
+    args = ap.parse_args()
+    shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shape] if args.shape
+              else SHAPES["small" if args.small else "full" if args.full else "default"])
+    root = Path(args.dir or tempfile.mkdtemp(prefix="stepscope-scale-"))
+    lines = [f"stepscope scale benchmark, {os.cpu_count()} CPUs; files in the page cache"]
+    try:
+        for ranks, steps in shapes:
+            print(f"generating {ranks} x {steps} ...", flush=True)
+            lines += bench_shape(root, int(ranks), int(steps), args.before_src)
+    finally:
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""Incremental columnar cache of one rank's step file: numpy segments under RUN/.cache/.
+
+The JSONL file stays the source of truth. The cache holds the decoded, validated columns
+of the file's first ``end`` bytes (whole lines only) as ``.npy`` segments and a manifest::
+
+    RUN/.cache/steps/rank-00000.jsonl.json         manifest (format, source identity, stats)
+    RUN/.cache/steps/rank-00000.jsonl.<id>.npy     float64 matrix (rows x columns)
+    RUN/.cache/steps/rank-00000.jsonl.<id>.nan.npy explicit-NaN flags, when there are any
+
+Rules, checked on every read:
+
+* same inode, same size and mtime as recorded: the segments are used as they are;
+* grown, and the 64 bytes before ``end`` are unchanged: only the new bytes are decoded and
+  appended as one more segment (compacted into one when there are many);
+* anything else (truncated, rewritten, another inode, another format, a segment missing or of
+  the wrong shape, a manifest that does not parse): rebuilt from the JSONL.
+
+Only whole lines go into the cache; a torn last line is decoded (and counted) on each read
+until the writer completes it. Bytes past the size seen by ``stat`` are not read, so a reader
+racing a writer sees a consistent prefix. Every cache write is best effort (temporary file,
+then ``os.replace``); a read-only run directory just has no cache.
+
+Example::
+
+    block, stats = load_rank_file(Path("RUN/steps/rank-00000.jsonl"), Path("RUN/.cache/steps"))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ._steps_decode import VALUE_RULES, Block, ReadStats, concat_blocks, decode_steps
+
+__all__ = ["load_rank_file", "CACHE_FORMAT"]
+
+# Changes whenever what a cached segment means changes (validation rules, layout).
+CACHE_FORMAT = "stepscope-steps-1:" + hashlib.sha1(
+    repr(sorted((k, v.nonneg, v.limit) for k, v in VALUE_RULES.items())).encode()
+).hexdigest()[:12]
+_CHECK_BYTES = 64
+# More segments than this are rewritten as one: a dashboard re-reading a live run every few
+# seconds for two weeks must not leave 100,000 files behind.
+_MAX_SEGMENTS = 16
+
+
+@dataclass
+class _Manifest:
+    ino: int
+    size: int
+    mtime_ns: int
+    end: int  # bytes decoded into the segments (always just after a newline)
+    lines: int  # newlines in those bytes
+    check: str  # hex of the _CHECK_BYTES bytes before ``end``
+    segments: list[dict[str, Any]]
+    stats: dict[str, Any]
+
+
+def _manifest_path(cache_dir: Path, source: Path) -> Path:
+    return cache_dir / f"{source.name}.json"
+
+
+def _read_manifest(path: Path) -> _Manifest | None:
+    try:
+        d = orjson.loads(path.read_bytes())
+        if d.get("format") != CACHE_FORMAT:
+            return None
+        m = _Manifest(**{k: d[k] for k in _Manifest.__dataclass_fields__})
+        ReadStats.from_dict(m.stats)
+        ints = (m.ino, m.size, m.mtime_ns, m.end, m.lines)
+        if not all(type(v) is int for v in ints) or not isinstance(m.check, str) \
+                or not isinstance(m.segments, list):
+            return None
+        return m
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _pread(fd: int, start: int, length: int) -> bytes:
+    first = os.pread(fd, length, start) if length > 0 else b""
+    if len(first) == length or not first:
+        return first
+    out = bytearray(first)
+    while len(out) < length:
+        got = os.pread(fd, length - len(out), start + len(out))
+        if not got:
+            break  # the file shrank under us: the caller sees fewer bytes
+        out += got
+    return bytes(out)
+
+
+def _load_segments(cache_dir: Path, m: _Manifest) -> Block | None:
+    blocks = []
+    try:
+        for seg in m.segments:
+            cols = [str(c) for c in seg["columns"]]
+            mat = np.load(cache_dir / seg["file"], allow_pickle=False)
+            if mat.dtype != np.float64 or mat.shape != (len(cols), int(seg["rows"])):
+                return None
+            flags = {}
+            if seg["flags"]:
+                fmat = np.load(cache_dir / seg["flags"], allow_pickle=False)
+                if fmat.dtype != np.bool_ or fmat.shape != mat.shape:
+                    return None
+                flags = {c: f for c, f in zip(cols, fmat, strict=True) if f.any()}
+            blocks.append(Block(int(seg["rows"]), dict(zip(cols, mat, strict=True)), flags))
+    except (OSError, ValueError, KeyError, TypeError, EOFError):
+        return None
+    return concat_blocks(blocks)
+
+
+def _save_array(path: Path, arr: np.ndarray[Any, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def _write_segment(cache_dir: Path, source: Path, block: Block) -> dict[str, Any]:
+    cols = list(block.cols)
+    seg_id = secrets.token_hex(6)
+    name = f"{source.name}.{seg_id}.npy"
+    _save_array(cache_dir / name, np.stack([block.cols[c] for c in cols]))
+    flags = ""
+    if block.flags:
+        flags = f"{source.name}.{seg_id}.nan.npy"
+        zeros = np.zeros(block.n, dtype=bool)
+        _save_array(cache_dir / flags, np.stack([block.flags.get(c, zeros) for c in cols]))
+    return {"file": name, "flags": flags, "rows": block.n, "columns": cols}
+
+
+def _write_manifest(cache_dir: Path, source: Path, m: _Manifest) -> None:
+    path = _manifest_path(cache_dir, source)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(orjson.dumps({"format": CACHE_FORMAT, **m.__dict__}))
+    os.replace(tmp, path)
+
+
+def _prune(cache_dir: Path, source: Path, m: _Manifest) -> None:
+    """Remove this file's segments the manifest no longer names (best effort)."""
+    keep = {s["file"] for s in m.segments} | {s["flags"] for s in m.segments}
+    for p in cache_dir.glob(f"{source.name}.*.npy"):
+        if p.name not in keep:
+            p.unlink(missing_ok=True)
+
+
+def _usable(m: _Manifest | None, st: os.stat_result, fd: int) -> bool:
+    if m is None or m.ino != st.st_ino or st.st_size < m.size or m.end > st.st_size:
+        return False
+    if st.st_size == m.size and st.st_mtime_ns != m.mtime_ns:
+        return False  # rewritten in place: an append-only file never does this
+    start = max(0, m.end - _CHECK_BYTES)
+    return _pread(fd, start, m.end - start).hex() == m.check
+
+
+def _update(cache_dir: Path, source: Path, old: _Manifest | None, st: os.stat_result,
+            body_end: int, data_lines: int, check: str, body: Block, prefix: Block | None,
+            stats: ReadStats) -> None:
+    """Record ``body`` (the newly decoded whole lines) in the cache, best effort."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        segs = list(old.segments) if old is not None and prefix is not None else []
+        if prefix is not None and len(segs) >= _MAX_SEGMENTS:
+            segs, body = [], concat_blocks([prefix, body])
+        if body.n or not segs:
+            segs.append(_write_segment(cache_dir, source, body))
+        m = _Manifest(ino=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns, end=body_end,
+                      lines=data_lines, check=check, segments=segs, stats=stats.to_dict())
+        _write_manifest(cache_dir, source, m)
+        if old is None or prefix is None or not old.segments or len(segs) == 1:
+            _prune(cache_dir, source, m)
+    except OSError:
+        pass  # read-only or full disk: this read still has its result, just no cache
+
+
+def load_rank_file(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats]:
+    """Validated columns of one rank file (duplicates not yet merged), and what was skipped."""
+    stats = ReadStats(files=1)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return _load(fd, path, cache_dir, stats)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        stats = ReadStats(files=1)
+        stats.count("unreadable file")  # a file, not a record: ``skipped`` stays as it is
+        stats.problem(f"{path.name}: unreadable ({exc}), skipped")
+        return Block(0, {}), stats
+
+
+def _load(fd: int, path: Path, cache_dir: Path | None, stats: ReadStats
+          ) -> tuple[Block, ReadStats]:
+    st = os.fstat(fd)
+    m = _read_manifest(_manifest_path(cache_dir, path)) if cache_dir is not None else None
+    prefix = None
+    if cache_dir is not None and m is not None and _usable(m, st, fd):
+        prefix = _load_segments(cache_dir, m)
+    if m is None or prefix is None:
+        m, start, lines, cached = None, 0, 0, ReadStats()
+    else:
+        start, lines, cached = m.end, m.lines, ReadStats.from_dict(m.stats)
+    data = _pread(fd, start, st.st_size - start)
+    body_end = data.rfind(b"\n") + 1
+    body, body_stats = decode_steps(data[:body_end], path.name, lines + 1, final=False)
+    # Line numbers matter only for a cache manifest and a torn tail's message.
+    body_lines = (data.count(b"\n", 0, body_end)
+                  if cache_dir is not None or body_end < len(data) else 0)
+    tail, tail_stats = decode_steps(data[body_end:], path.name, lines + 1 + body_lines,
+                                    final=True)
+    cached.merge(body_stats)
+    if cache_dir is not None and (m is None or body_end or st.st_size != m.size):
+        end = start + body_end
+        check = _pread(fd, max(0, end - _CHECK_BYTES), min(end, _CHECK_BYTES))
+        _update(cache_dir, path, m, st, end, lines + body_lines,
+                check.hex(), body, prefix, cached)
+    stats.merge(cached)
+    stats.merge(tail_stats)
+    return concat_blocks([b for b in (prefix, body, tail) if b is not None]), stats

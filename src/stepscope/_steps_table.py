@@ -1,0 +1,157 @@
+"""Rank files to the step table: duplicates merged or counted, ranks read in parallel.
+
+A second record of the same (rank, step) is either a *late record* (values logged after
+the step closed, e.g. the Trainer's own grad norm: the Recorder writes them without the
+step's timing columns) and merged into the step, later values winning as before; or a
+*duplicate* (a whole step record again, with its timing: two processes writing one rank
+file, a restarted job appending again). A duplicate is never merged: the first record is
+kept, the rest are skipped and counted under their reason (issue 12, item 4).
+
+Example::
+
+    table, stats = read_step_files(sorted(Path("RUN/steps").glob("rank-*.jsonl")),
+                                   cache_dir=Path("RUN/.cache/steps"))
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ._steps_cache import load_rank_file
+from ._steps_decode import Block, ReadStats, concat_blocks
+from .schema import STEP_COLUMN_NAMES, AnyArray, StepTable
+
+__all__ = ["read_step_files", "merge_duplicates", "block_to_table"]
+
+DUPLICATE = "duplicate (rank, step)"
+DUPLICATE_ACROSS = "duplicate (rank, step) in another rank file"
+# Below this many bytes per file a process pool costs more (fork, pickling the columns
+# back) than it saves; measured on the benchmark's 400-byte records.
+_PARALLEL_MIN_BYTES = 8 << 20
+_IDS = ("rank", "step")
+_KNOWN_FLOAT = frozenset(STEP_COLUMN_NAMES) - frozenset(_IDS)
+# Written when a step closes, never in a late record (Recorder.log after the step).
+_TIMING = frozenset({"end_s", "wall_time_s", "step_time_s"})
+
+
+def _present(block: Block, i: int) -> set[str]:
+    out = set()
+    for k, col in block.cols.items():
+        if k in _IDS:
+            continue
+        flag = block.flags.get(k)
+        if col[i] == col[i] or (flag is not None and flag[i]):
+            out.add(k)
+    return out
+
+
+def _order(rank: AnyArray, step: AnyArray) -> AnyArray | None:
+    """Stable (rank, step) order, or None when the rows are already strictly in it."""
+    if rank.size < 2:
+        return None
+    dr, ds = np.diff(rank), np.diff(step)
+    if bool(np.all((dr > 0) | ((dr == 0) & (ds > 0)))):
+        return None
+    order: AnyArray = np.lexsort((step, rank))
+    return order
+
+
+def _take(block: Block, idx: AnyArray) -> Block:
+    return Block(int(idx.size), {k: v[idx] for k, v in block.cols.items()},
+                 {k: v[idx] for k, v in block.flags.items()})
+
+
+def merge_duplicates(block: Block, source: str, stats: ReadStats,
+                     reason: str = DUPLICATE, merge_late: bool = True) -> Block:
+    """Rows ordered by (rank, step), one per key: late records merged, duplicates counted."""
+    order = _order(block.cols["rank"], block.cols["step"])
+    if order is None:
+        return block
+    b = _take(block, order)
+    rank, step = b.cols["rank"], b.cols["step"]
+    same = np.flatnonzero((rank[1:] == rank[:-1]) & (step[1:] == step[:-1])) + 1
+    if not same.size:
+        return b
+    b.cols = {k: v.copy() for k, v in b.cols.items()}
+    b.flags = {k: v.copy() for k, v in b.flags.items()}
+    keep = np.ones(b.n, dtype=bool)
+    head = -1
+    for p in same.tolist():  # only the repeated rows: a Python loop over the rare case
+        head = p - 1 if keep[p - 1] else head
+        keep[p] = False
+        late = _present(b, p)
+        if merge_late and not (late & _TIMING and _present(b, head) & _TIMING):
+            for k in late:
+                b.cols[k][head] = b.cols[k][p]
+                if k in b.flags:
+                    b.flags[k][head] = b.flags[k][p]
+            continue
+        stats.skipped += 1
+        stats.duplicates += 1
+        stats.count(reason)
+        stats.problem(f"{source}: rank {int(rank[p])} step {int(step[p])} recorded twice "
+                      "(a whole step record again); the first record is kept")
+    return _take(b, np.flatnonzero(keep))
+
+
+def block_to_table(block: Block) -> StepTable:
+    cols: dict[str, AnyArray] = {}
+    for k, v in block.cols.items():
+        if k in _KNOWN_FLOAT and k not in block.flags and bool(np.isnan(v).all()):
+            continue  # never recorded: the table holds it as one shared NaN, not n floats
+        cols[k] = v.astype(np.int64) if k in _IDS else v
+        if k in block.flags:
+            cols[f"{k}_nan"] = block.flags[k].astype(np.float64)
+    return StepTable(cols) if block.n else StepTable.empty()
+
+
+def _read_one(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats]:
+    block, stats = load_rank_file(path, cache_dir)
+    block = merge_duplicates(block, path.name, stats)
+    stats.records = block.n
+    return block, stats
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_all(files: Sequence[Path], cache_dir: Path | None, processes: int | None
+              ) -> list[tuple[Block, ReadStats]]:
+    workers = min(len(files), processes or os.cpu_count() or 1)
+    big = sum(_size(f) for f in files) >= _PARALLEL_MIN_BYTES * max(2, workers)
+    if workers <= 1 or (processes is None and not big):
+        return [_read_one(f, cache_dir) for f in files]
+    # fork: the workers need nothing but this module, already imported.
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return list(pool.map(_read_one, files, [cache_dir] * len(files),
+                             chunksize=max(1, len(files) // (4 * workers))))
+
+
+def read_step_files(files: Sequence[Path], cache_dir: Path | None = None,
+                    processes: int | None = None) -> tuple[StepTable, ReadStats]:
+    """All ranks' records as one table ordered by (rank, step), and what was skipped.
+
+    ``cache_dir``: where the per-rank columnar cache lives (None: no cache).
+    ``processes``: worker processes (default: CPUs, when the files are large; 1 = serial).
+    """
+    stats = ReadStats()
+    parts = _read_all(files, cache_dir, processes)
+    for _, s in parts:
+        stats.merge(s)
+    block = concat_blocks(b for b, _ in parts)
+    if len(parts) > 1 and block.n:
+        before = block.n
+        block = merge_duplicates(block, "steps/", stats, DUPLICATE_ACROSS, merge_late=False)
+        stats.records -= before - block.n
+    return block_to_table(block), stats

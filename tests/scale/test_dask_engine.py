@@ -1,0 +1,99 @@
+"""``--engine dask`` against a real ``distributed.LocalCluster``: same results as local.
+
+The cluster runs in this process (``processes=False``, 2 workers of one thread) so the test
+needs no ports beyond loopback and ends with the test; every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from stepscope import Recorder
+from stepscope.cli import _register, cli
+from stepscope.engine import map_items
+from stepscope.errors import ConfigError
+from stepscope.index import build_index, query_index
+from support.traces import cpu_step_events, thread_name, write_trace
+
+distributed = pytest.importorskip("distributed")
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def scheduler() -> Iterator[str]:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        yield cluster.scheduler_address
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_map_items_on_the_cluster_equals_local(scheduler: str) -> None:
+    items = list(range(25))
+    assert map_items(_square, items, engine="dask", scheduler=scheduler) == \
+        map_items(_square, items, processes=1) == [x * x for x in items]
+
+
+def test_scheduler_without_dask_engine_and_bad_engine_are_user_errors() -> None:
+    with pytest.raises(ConfigError, match="--engine dask"):
+        map_items(_square, [1], scheduler="tcp://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="unknown engine"):
+        map_items(_square, [1], engine="spark")
+
+
+def _invoke(*args: str) -> Any:
+    _register()
+    res = CliRunner().invoke(cli, list(args))
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_trace_engine_dask_equals_local(tmp_path: Path, scheduler: str) -> None:
+    for rank in range(4):
+        events = [thread_name(2, "pt_gloo_runloop")]
+        for k in range(3):
+            events += cpu_step_events(offset=100.0 * k + rank, step=k + 1)
+        write_trace(tmp_path / f"rank{rank}.pt.trace.json", events, rank=rank)
+    local = _invoke("trace", str(tmp_path), "--json")
+    dask = _invoke("trace", str(tmp_path), "--json", "--engine", "dask",
+                   "--scheduler", scheduler)
+    assert dask == local and sorted(local["ranks"]) == ["0", "1", "2", "3"]
+
+
+def _runs(root: Path, n: int) -> None:
+    for i in range(n):
+        rec = Recorder(root / f"run-{i}", rank=0, background=False,
+                       meta={"baseline": {"num_devices": 1 + i % 3, "seed": i}})
+        for s in range(30):
+            with rec.step(tokens=100 * (i + 1), samples=2) as st:
+                st.log(loss=3.0 - s / 30)
+        rec.close()
+    (root / "broken").mkdir()
+    (root / "broken" / "run.json").write_text("{ not json")
+
+
+def _rows(db: Path) -> list[dict[str, Any]]:
+    rows = query_index(db, sort="path")
+    for r in rows:
+        r.pop("indexed_utc")
+    return rows
+
+
+def test_index_engine_dask_equals_local(tmp_path: Path, scheduler: str) -> None:
+    _runs(tmp_path / "runs", 6)
+    local = build_index(tmp_path / "runs", tmp_path / "local.sqlite", processes=1)
+    dask = build_index(tmp_path / "runs", tmp_path / "dask.sqlite", engine="dask",
+                       scheduler=scheduler)
+    assert vars(dask.stats) == vars(local.stats)
+    assert dask.skipped == local.skipped and [s.path for s in local.skipped] == ["broken"]
+    assert _rows(tmp_path / "dask.sqlite") == _rows(tmp_path / "local.sqlite")
+    assert len(_rows(tmp_path / "local.sqlite")) == 6

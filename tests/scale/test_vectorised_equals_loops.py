@@ -1,0 +1,92 @@
+"""The vectorised sheet and split search give exactly what the per-rank loops gave.
+
+Oracles: the loops as they were (tests/support/old_vector_oracles.py). Tables are random
+but seeded: shuffled row order, NaN step times and phases, ranks missing a column, tiny
+ranks (1-2 steps) and warm-up steps, i.e. every branch of the warm-up rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from stepscope.analysis import summary
+from stepscope.analysis.health.stats import best_split
+from stepscope.schema import StepTable
+from support import old_vector_oracles as old
+
+
+def _table(seed: int) -> StepTable:
+    rng = np.random.default_rng(seed)
+    ranks, steps = int(rng.integers(1, 40)), int(rng.integers(1, 60))
+    rank = np.repeat(np.arange(ranks), steps)
+    step = np.tile(np.arange(steps), ranks)
+    st = rng.gamma(2, 0.3, rank.size)
+    st[step == 0] *= 5
+    st[(step < 4) & (rank % 3 == 0)] *= 3
+    if seed % 3 == 0:
+        st[rng.random(rank.size) < 0.1] = np.nan
+    perm = rng.permutation(rank.size) if seed % 2 else np.arange(rank.size)
+    cols = {"rank": rank, "step": step, "step_time_s": st,
+            "tokens": rng.integers(1, 1000, rank.size).astype(float),
+            "forward_s": st * 0.3, "data_wait_s": st * 0.01,
+            "comm_s": np.where(rng.random(rank.size) < 0.3, np.nan, st * 0.1)}
+    if seed % 5 == 0:
+        cols["optimizer_s"] = np.where(rank == 0, np.nan, st * 0.05)
+    return StepTable.from_columns({k: v[perm] for k, v in cols.items()})
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_sheet_per_rank_parts_equal_the_loops_bit_for_bit(seed: int) -> None:
+    t = _table(seed)
+    assert np.array_equal(summary.steady_mask(t), old.steady_mask(t))
+    steady = t.select(summary.steady_mask(t))
+    for col in ("tokens", "step_time_s"):
+        assert summary._throughput(steady, col) == old._throughput(steady, col)
+    assert [dataclasses.asdict(x) for x in summary._rank_lines(steady)] == \
+        old._rank_lines(steady)
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_best_split_equals_the_loop(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n, min_segment = int(rng.integers(2, 3000)), int(rng.integers(1, 50))
+    y = [rng.normal(0, 1, n), np.round(rng.normal(0, 1, n), 1), np.ones(n),
+         np.r_[np.ones(n // 2), 2 * np.ones(n - n // 2)] + rng.normal(0, .01, n)][seed % 4]
+    if seed % 7 == 0:
+        y[::5] = np.nan
+    assert best_split(y, min_segment) == old.best_split(y, min_segment)
+
+
+def test_rank_series_equals_the_mask_per_rank_and_forgets_dead_tables() -> None:
+    import gc
+
+    from stepscope.analysis.health import stats
+
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        n = int(rng.integers(0, 400))
+        t = StepTable.from_columns({"rank": rng.integers(0, 8, n), "step": rng.integers(0, 30, n),
+                                    "step_time_s": rng.random(n)})
+        for r in range(-1, 10):
+            idx = np.flatnonzero(t["rank"] == r)
+            idx = idx[np.argsort(t["step"][idx], kind="stable")]
+            steps, values = stats.rank_series(t, r, "step_time_s")
+            assert np.array_equal(steps, t["step"][idx])
+            assert np.array_equal(values, t["step_time_s"][idx])
+    del t
+    gc.collect()
+    assert not stats._ORDER_CACHE
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_worst_rank_share_equals_one_table_copy_per_rank(seed: int) -> None:
+    from stepscope.analysis.health import system
+
+    t = _table(seed)
+    per_loop = {str(r): system._share(t.rank(r), "data_wait_s") for r in t.ranks()}
+    worst, per = system._worst_rank(t, "data_wait_s")
+    assert per == per_loop
+    assert worst == (None if len(per) < 2 else int(max(per, key=lambda k: per[k])))
