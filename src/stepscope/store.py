@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -75,7 +76,10 @@ class StepFileWriter:
     """Appends pre-built records to one rank's JSONL file; never raises ``OSError``.
 
     Each ``write`` is one ``os.write`` of whole lines on an ``O_APPEND`` descriptor, so a
-    crash leaves at most one torn line at the end, which readers skip.
+    crash leaves at most one torn line at the end, which readers skip. A failed write drops
+    its records whole (a partial write is cut back, so no torn line is left mid-file) and
+    counts them in ``dropped``; ``first_error`` keeps the first reason. The next write tries
+    again, so recording resumes when space returns.
     """
 
     def __init__(self, path: Path) -> None:
@@ -83,6 +87,7 @@ class StepFileWriter:
         self._fd: int | None = None
         self.failed = False
         self.dropped = 0
+        self.first_error: str | None = None
 
     def _open(self) -> int:
         if self._fd is None:
@@ -96,16 +101,20 @@ class StepFileWriter:
         if not lines:
             return 0
         data = b"\n".join(lines) + b"\n"
+        start = -1
         try:
             fd = self._open()
+            start = os.lseek(fd, 0, os.SEEK_END)
             view = memoryview(data)
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
         except OSError as exc:
             self.dropped += len(lines)
+            self._cut_back(start)
             if not self.failed:
                 self.failed = True
+                self.first_error = f"{type(exc).__name__}: {exc}"
                 warnings.warn(
                     f"stepscope: cannot write step records to {self.path} ({exc}); "
                     "training continues, records are being dropped",
@@ -115,6 +124,15 @@ class StepFileWriter:
             return 0
         return len(lines)
 
+    def _cut_back(self, size: int) -> None:
+        """Drop the part of a failed write that reached the file (a torn mid-file line)."""
+        if self._fd is None or size < 0:
+            return
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError:
+            pass
+
     def close(self) -> None:
         if self._fd is not None:
             try:
@@ -122,6 +140,20 @@ class StepFileWriter:
             except OSError:
                 pass
             self._fd = None
+
+
+_META_OPTS = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+# ENOSPC (disk full), EDQUOT (quota): the cases where run.json's reserve is used.
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+# Spaces after run.json's JSON (valid trailing whitespace): the room the final status write
+# may use when the disk is full. The final update adds status, error, records_dropped and
+# a degraded note: well under 1 KiB; 2 KiB leaves room for a long error message.
+META_RESERVE_BYTES = 2048
+
+
+def _meta_bytes(meta: RunMeta) -> bytes:
+    data = orjson.dumps(meta.to_dict(), option=_META_OPTS, default=str) + b"\n"
+    return data + b" " * META_RESERVE_BYTES + b"\n"
 
 
 def _parse_jsonl(data: bytes, source: str, stats: ReadStats) -> list[dict[str, Any]]:
@@ -223,6 +255,33 @@ class RunDir:
         return run
 
     @classmethod
+    def create_new(cls, path: str | os.PathLike[str], meta: RunMeta) -> RunDir:
+        """Like :meth:`create`, but refuses a directory that already holds a run.
+
+        run.json is linked into place (``os.link`` fails if the name exists), so of two
+        processes creating the same run only one succeeds, and nothing of an earlier run
+        (its run.json, its step files) is touched.
+        """
+        run = cls(path)
+        if run.meta_path.exists() or run.step_files():
+            raise RunDirError(
+                f"{run.path} already holds a run; stepscope never overwrites one: pass "
+                "another --out, or none for a new runs/<name>-<UTC timestamp> directory")
+        try:
+            (run.path / STEPS_DIR).mkdir(parents=True, exist_ok=True)
+            tmp = run._write_tmp(meta)
+            try:
+                os.link(tmp, run.meta_path)
+            finally:
+                tmp.unlink(missing_ok=True)
+        except FileExistsError as exc:
+            raise RunDirError(f"{run.path} already holds a run (created meanwhile by "
+                              "another process); pass another --out") from exc
+        except OSError as exc:
+            raise RunDirError(f"cannot create run directory {run.path}: {exc}") from exc
+        return run
+
+    @classmethod
     def open(cls, path: str | os.PathLike[str]) -> RunDir:
         run = cls(path)
         if not run.path.exists():
@@ -266,15 +325,48 @@ class RunDir:
         except OSError as exc:
             raise RunDirError(f"cannot read {self.meta_path}: {exc}") from exc
 
-    def write_meta(self, meta: RunMeta) -> None:
-        """Atomic replace, so a reader never sees a half-written run.json."""
+    def _write_tmp(self, meta: RunMeta) -> Path:
+        """run.json's new content in a temporary file beside it (removed on failure)."""
         tmp = self.meta_path.with_name(f".{RUN_JSON}.{os.getpid()}.tmp")
         try:
-            tmp.write_bytes(orjson.dumps(meta.to_dict(), option=orjson.OPT_INDENT_2
-                                         | orjson.OPT_SERIALIZE_NUMPY, default=str))
+            tmp.write_bytes(_meta_bytes(meta))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def write_meta(self, meta: RunMeta) -> None:
+        """Atomic replace, so a reader never sees a half-written run.json.
+
+        When the disk is full the temporary copy cannot be written; the new content then
+        goes into run.json's own blocks (see :func:`_meta_bytes`: every run.json is padded
+        to reserve them), so the final status of a run on a full disk is still recorded.
+        No temporary file is left behind either way.
+        """
+        try:
+            tmp = self._write_tmp(meta)
             os.replace(tmp, self.meta_path)
+            return
         except OSError as exc:
-            raise RunDirError(f"cannot write {self.meta_path}: {exc}") from exc
+            if exc.errno not in _NO_SPACE or not self._overwrite_in_place(meta):
+                raise RunDirError(f"cannot write {self.meta_path}: {exc}") from exc
+
+    def _overwrite_in_place(self, meta: RunMeta) -> bool:
+        """Rewrite run.json within its current size (no new blocks); False if it does not fit."""
+        data = orjson.dumps(meta.to_dict(), option=_META_OPTS, default=str)
+        try:
+            size = self.meta_path.stat().st_size
+            if len(data) + 1 > size:
+                return False
+            fd = os.open(self.meta_path, os.O_WRONLY)
+            try:  # same length as before: the file keeps its blocks, nothing is allocated
+                os.pwrite(fd, data + b"\n" + b" " * (size - len(data) - 1), 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+        return True
 
     def update_meta(self, **changes: Any) -> RunMeta:
         """Merge ``changes`` into run.json; dict values are merged one level deep."""
