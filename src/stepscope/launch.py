@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, RunDirError
 from .integrations.torch.auto import parse_steps
 from .schema import RunMeta
 from .store import RunDir, utc_stamp
@@ -117,7 +117,11 @@ def launch(command: Sequence[str], out: str | os.PathLike[str] | None = None, *,
         rc = _run(list(command), child_env, grace_s)
     finally:
         shutil.rmtree(boot, ignore_errors=True)
-    status, error = _finish(run, rc)
+    try:
+        status, error = _finish(run, rc)
+    except RunDirError as exc:  # e.g. a full disk: say so, but keep the command's status
+        sys.stderr.write(f"stepscope: final status not recorded: {exc}\n")
+        status, error = "unknown", str(exc)
     analysis: dict[str, Any] = {}
     if prof_dir is not None:
         analysis = analyze_profiles(prof_dir)

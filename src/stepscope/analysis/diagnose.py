@@ -30,7 +30,8 @@ from .health.check import HealthConfig, check_health
 from .isolation import ISOLATION_EVENT, IsolationResult, isolation_finding
 from .summary import steady_mask
 
-__all__ = ["Diagnosis", "diagnose", "PERFORMANCE_CATEGORIES", "trace_findings"]
+__all__ = ["Diagnosis", "diagnose", "PERFORMANCE_CATEGORIES", "trace_findings", "records_lost",
+           "WRITE_ERROR_EVENT"]
 
 # Categories that say where the time goes (candidates for "bottleneck").
 PERFORMANCE_CATEGORIES: tuple[str, ...] = (
@@ -88,10 +89,11 @@ def _event_findings(events: Sequence[Mapping[str, Any]], n_ranks: int) -> list[F
                     confidence=float(ev.get("confidence", 1.0)), rule=str(ev.get("rule", ""))))
             except (ValueError, TypeError):
                 continue
-        elif kind == "cross_rank":
+        elif kind == "cross_rank" and isinstance(ev.get("stragglers") or [], list):
             gathers += 1
             for r in ev.get("stragglers") or []:
-                stragglers[int(r)] = stragglers.get(int(r), 0) + 1
+                if isinstance(r, int) and not isinstance(r, bool):
+                    stragglers[r] = stragglers.get(r, 0) + 1
     for r, n in stragglers.items():
         if n_ranks < 2 and gathers >= 2 and n >= gathers / 2:
             out.append(Finding(
@@ -102,6 +104,56 @@ def _event_findings(events: Sequence[Mapping[str, Any]], n_ranks: int) -> list[F
                 rule="events.cross_rank",
                 recommendation=f"Compare rank {r}'s profile with another rank's"))
     return out
+
+
+WRITE_ERROR_EVENT = "write_error"
+
+
+def records_lost(meta: RunMeta | None, events: Sequence[Mapping[str, Any]]
+                 ) -> tuple[int, str | None]:
+    """(step records lost to write errors, the first error) over all ranks.
+
+    Each rank that dropped records appends a ``write_error`` event (cumulative count, so
+    the latest per rank counts); rank 0 also writes its count into run.json
+    (``config.records_dropped``), which survives a disk too full for events.jsonl.
+    """
+    per_rank: dict[int, int] = {}
+    first: str | None = None
+    for ev in events:
+        n, r = _count(ev.get("records_dropped")), _count(ev.get("rank"))
+        if ev.get("type") != WRITE_ERROR_EVENT or n is None or r is None:
+            continue
+        per_rank[r] = max(per_rank.get(r, 0), n)
+        first = first or (str(ev["first_error"]) if ev.get("first_error") else None)
+    config = meta.config if meta is not None else {}
+    n0 = _count(config.get("records_dropped"))
+    if n0 is not None:
+        per_rank[0] = max(per_rank.get(0, 0), n0)
+    if first is None and isinstance(config.get("degraded"), str):
+        first = config["degraded"]
+    return sum(per_rank.values()), first
+
+
+def _count(v: Any) -> int | None:
+    """``v`` if it is a count (a non-negative int, not a bool), else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _loss_finding(meta: RunMeta | None, events: Sequence[Mapping[str, Any]]
+                  ) -> Finding | None:
+    lost, first = records_lost(meta, events)
+    if not lost:
+        return None
+    return Finding(
+        category="logging", severity="warning",
+        message=(f"{lost} records lost to a write error"
+                 + (f" ({first})" if first else "")
+                 + "; the figures cover only the recorded steps, and missing steps are "
+                   "not a stall"),
+        evidence={"records_lost": lost, "first_error": first}, confidence=1.0,
+        rule="store.write_error",
+        recommendation="Free space on (or give write access to) the run directory's disk, "
+                       "or pass --out on another disk")
 
 
 def _trace_pcts(row: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -244,6 +296,9 @@ def diagnose(table: StepTable, meta: RunMeta | None = None,
     """
     findings = check_health(table, meta, config, now_wall_s=now_wall_s)
     findings += _event_findings(events or [], len(table.ranks()) if len(table) else 0)
+    loss = _loss_finding(meta, events or [])
+    if loss is not None:
+        findings.append(loss)
     if trace_report:
         findings += trace_findings(trace_report)
     _reconcile(findings, table)
