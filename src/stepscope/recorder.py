@@ -443,10 +443,10 @@ class Recorder:
         self._writer.close()
         if self._writer.dropped:
             self.dropped += self._writer.dropped
+            self.run.report_loss(self.rank, self.dropped, self._writer.first_error)
         if self.rank == 0:
             try:
-                self.run.update_meta(status=status, error=error,
-                                     config={"records_dropped": self.dropped})
+                self.run.finish(status, error, self.dropped, self._writer.first_error)
             except Exception as exc:
                 warnings.warn(f"stepscope: cannot update run.json: {exc}", RuntimeWarning,
                               stacklevel=2)

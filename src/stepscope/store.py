@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import os
+import time
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -319,8 +320,8 @@ class RunDir:
             raise RunDirError(f"{self.meta_path} is missing") from exc
         except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
             raise RunDirError(
-                f"{self.meta_path} is corrupt ({exc}); the step records may still be read "
-                "with `stepscope report --ignore-meta`"
+                f"{self.meta_path} is corrupt ({exc}); the step records in {STEPS_DIR}/ are "
+                "untouched: restore run.json from a copy, or fix the JSON by hand"
             ) from exc
         except OSError as exc:
             raise RunDirError(f"cannot read {self.meta_path}: {exc}") from exc
@@ -379,6 +380,33 @@ class RunDir:
                 setattr(meta, key, value)
         self.write_meta(meta)
         return meta
+
+    def finish(self, status: str, error: str | None, records_dropped: int = 0,
+               first_error: str | None = None, attempts: int = 3,
+               retry_s: float = 0.5) -> RunMeta:
+        """The final status write: run.json ``status``, ``error`` and the write losses.
+
+        Losses go to ``config.records_dropped`` and, when any, a ``config.degraded`` note.
+        Retried ``attempts`` times ``retry_s`` apart (space may come back, e.g. after a log
+        rotation); raises :class:`RunDirError` when every attempt failed.
+        """
+        config: dict[str, Any] = {"records_dropped": int(records_dropped)}
+        if records_dropped:
+            config["degraded"] = (f"{records_dropped} step records lost to a write error"
+                                  + (f" (first: {first_error})" if first_error else ""))
+        for attempt in range(max(1, attempts)):
+            try:
+                return self.update_meta(status=status, error=error, config=config)
+            except RunDirError:
+                if attempt == max(1, attempts) - 1:
+                    raise
+                time.sleep(retry_s)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def report_loss(self, rank: int, records_dropped: int, first_error: str | None) -> None:
+        """One ``write_error`` event: a rank's cumulative count of records it could not write."""
+        self.append_event({"type": "write_error", "rank": int(rank),
+                           "records_dropped": int(records_dropped), "first_error": first_error})
 
     # -- step records ----------------------------------------------------------------
     def step_files(self) -> list[Path]:

@@ -22,7 +22,7 @@ from typing import Any
 import click
 import orjson
 
-from ..analysis.diagnose import Diagnosis, diagnose
+from ..analysis.diagnose import Diagnosis, diagnose, records_lost
 from ..analysis.isolation import (
     ISOLATION_EVENT,
     IsolationResult,
@@ -33,6 +33,7 @@ from ..errors import StepscopeError
 from ..schema import StepTable
 from ..store import RunDir, utc_stamp
 from . import cli
+from .report import no_records_error, note_event_problems
 
 _MARK = {"critical": "!!", "warning": "! ", "info": "  "}
 # Child-environment switches understood by `stepscope run` (integrations/torch_auto.py).
@@ -58,8 +59,11 @@ def _trace_report(path: Path) -> Mapping[str, Any] | None:
     return report if isinstance(report, Mapping) else None
 
 
-def _render(d: Diagnosis, run: Path) -> None:
+def _render(d: Diagnosis, run: Path, lost: int) -> None:
     click.echo(f"diagnosis of {run}")
+    if lost:
+        click.echo(f"note: {lost} records lost to a write error; the findings cover only "
+                   "the recorded steps")
     click.echo(f"bottleneck: {d.bottleneck or 'none found'}")
     if not d.findings:
         click.echo("no findings")
@@ -85,8 +89,11 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     """Ranked findings, the bottleneck and the next experiment for run directory RUN."""
     rd = RunDir.open(run)
     meta = rd.read_meta()
-    table, _ = rd.read_steps()
-    events, _ = rd.read_events()
+    table, stats = rd.read_steps()
+    if not len(table):  # nothing to diagnose is not "no findings"
+        raise no_records_error(rd, stats)
+    events, ev_stats = rd.read_events()
+    note_event_problems(ev_stats)
     report = None
     if trace is not None:
         if not trace.exists():
@@ -104,7 +111,7 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     if as_json:
         _echo_json(d.to_dict())
     else:
-        _render(d, run)
+        _render(d, run, records_lost(meta, events)[0])
 
 
 def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,
