@@ -7,6 +7,7 @@ Layout (one directory per run; many runs under one root)::
       steps/rank-00000.jsonl   append-only step records, one JSON object per line
       events.jsonl             health findings, alerts, isolation-experiment results
       profiles/<UTC-timestamp>/  archived profiler outputs
+      crossrank/rank-00000.json  each rank's latest cross-rank window (side channel)
       report.html              latest rendered report
 
 Readers never fail on a torn last line or a corrupt record: they skip it, count it and report
@@ -44,6 +45,9 @@ RUN_JSON = "run.json"
 STEPS_DIR = "steps"
 EVENTS_JSONL = "events.jsonl"
 PROFILES_DIR = "profiles"
+# Cross-rank side channel: each rank's latest window medians and rank 0's merged view.
+CROSSRANK_DIR = "crossrank"
+CROSS_VIEW = "view.json"
 REPORT_HTML = "report.html"
 
 
@@ -457,6 +461,52 @@ class RunDir:
         if type is not None:
             rows = [r for r in rows if r.get("type") == type]
         return rows, stats
+
+    # -- cross-rank side channel -------------------------------------------------------
+    def _cross_path(self, name: str) -> Path:
+        return self.path / CROSSRANK_DIR / name
+
+    def _replace_json(self, dest: Path, payload: Mapping[str, Any]) -> bool:
+        """Atomically replace ``dest`` with ``payload``; False (and no temp file) on error."""
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY,
+                                         default=str))
+            os.replace(tmp, dest)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            return False
+        return True
+
+    def _load_json(self, path: Path) -> dict[str, Any] | None:
+        try:
+            obj = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        return obj if isinstance(obj, dict) else None
+
+    def publish_rank_window(self, rank: int, payload: Mapping[str, Any]) -> bool:
+        """This rank's latest cross-rank window (``crossrank/rank-N.json``, replaced whole)."""
+        return self._replace_json(self._cross_path(f"rank-{rank:05d}.json"), payload)
+
+    def rank_windows(self) -> dict[int, dict[str, Any]]:
+        """Every rank's latest published window; unreadable or half-written files are
+        skipped (the writer replaces atomically, so a reader sees old or new, not a mix)."""
+        out: dict[int, dict[str, Any]] = {}
+        for f in sorted((self.path / CROSSRANK_DIR).glob("rank-*.json")):
+            rank = f.name[len("rank-"):-len(".json")]
+            obj = self._load_json(f)
+            if rank.isdigit() and obj is not None:
+                out[int(rank)] = obj
+        return out
+
+    def publish_cross_view(self, event: Mapping[str, Any]) -> bool:
+        """The merged view (rank 0's latest ``cross_rank`` event) every rank can read."""
+        return self._replace_json(self._cross_path(CROSS_VIEW), event)
+
+    def cross_view(self) -> dict[str, Any] | None:
+        return self._load_json(self._cross_path(CROSS_VIEW))
 
     # -- profiles --------------------------------------------------------------------
     def new_profile_dir(self, stamp: str | None = None) -> Path:

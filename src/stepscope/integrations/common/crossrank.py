@@ -1,8 +1,10 @@
 """Cross-rank view: per-rank step-time medians -> straggler scores. Framework-free.
 
-Adapters gather one small vector per rank every ``every`` steps with their framework's own
-collective (``mindspore.ops.AllGather``, ``torch.distributed.all_gather``) and hand the
-gathered numbers here.
+Every ``every`` steps each rank publishes one small vector (its window medians) through
+:class:`FileExchange`, a side channel in the run directory that is *not* the training's
+process group: a collective of stepscope's, keyed on each rank's own step count, deadlocked
+jobs whose ranks run different step counts (``model.join()``, an early ``break``) when one
+rank waited in the gather while another waited in the script's own collective.
 
 Score (after NVIDIA's straggler detector, nvidia-resiliency-ext ``straggler``: a score is
 reference performance / rank performance, 1.0 = as fast as the reference): for each rank,
@@ -20,14 +22,19 @@ Example::
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 __all__ = ["STRAGGLER_THRESHOLD", "straggler_scores", "stragglers", "WindowStats",
-           "cross_rank_event"]
+           "cross_rank_event", "FileExchange", "Rows"]
+
+# Rank -> that rank's vector (a missing rank has no entry).
+Rows = Mapping[int, Sequence[float]]
 
 # Megatron-Bridge's NVRxStragglerDetectionConfig default ``gpu_relative_perf_threshold``.
 STRAGGLER_THRESHOLD = 0.7
@@ -65,20 +72,113 @@ class WindowStats:
                 for n in self.names]
 
 
-def cross_rank_event(step: int, names: Sequence[str], gathered: Sequence[Sequence[float]],
-                     score_on: str) -> dict[str, Any]:
-    """The ``events.jsonl`` record of one gather: per-rank medians, scores, stragglers.
+def as_rows(gathered: Rows | Sequence[Sequence[float]]) -> dict[int, list[float]]:
+    """{rank: vector} from a mapping, or from a list indexed by rank."""
+    items = gathered.items() if isinstance(gathered, Mapping) else enumerate(gathered)
+    return {int(r): [float(v) for v in row] for r, row in items}
 
-    ``gathered[r]`` is rank r's ``WindowStats.medians()``; ``score_on`` names the quantity
-    scored (compute time, i.e. step time without data wait and communication).
+
+def cross_rank_event(step: int, names: Sequence[str],
+                     gathered: Rows | Sequence[Sequence[float]],
+                     score_on: str) -> dict[str, Any]:
+    """The ``events.jsonl`` record of one exchange: per-rank medians, scores, stragglers.
+
+    ``gathered[r]`` is rank r's ``WindowStats.medians()`` (a mapping may lack ranks);
+    ``score_on`` names the quantity scored (compute time: step time without data wait
+    and communication).
     """
-    per_rank = {r: dict(zip(names, map(float, row), strict=True))
-                for r, row in enumerate(gathered)}
+    per_rank = {r: dict(zip(names, row[:len(names)], strict=True))
+                for r, row in sorted(as_rows(gathered).items())}
     scores = straggler_scores({r: v[score_on] for r, v in per_rank.items()})
     return {
-        "type": "cross_rank", "step": int(step), "ranks": len(gathered),
+        "type": "cross_rank", "step": int(step), "ranks": len(per_rank),
         "medians": {str(r): v for r, v in per_rank.items()},
         "score_on": score_on,
         "straggler_scores": {str(r): s for r, s in scores.items()},
         "stragglers": stragglers(scores), "threshold": STRAGGLER_THRESHOLD,
     }
+
+
+class ExchangeStore(Protocol):
+    """What :class:`FileExchange` needs of the run directory (``store.RunDir`` has it)."""
+
+    def publish_rank_window(self, rank: int, payload: Mapping[str, Any]) -> bool: ...
+
+    def rank_windows(self) -> dict[int, dict[str, Any]]: ...
+
+    def publish_cross_view(self, event: Mapping[str, Any]) -> bool: ...
+
+    def cross_view(self) -> dict[str, Any] | None: ...
+
+    def append_event(self, event: Mapping[str, Any]) -> None: ...
+
+
+EventBuilder = Callable[[int, Rows], dict[str, Any]]
+
+
+class FileExchange:
+    """Cross-rank view through the run directory: no collective, nothing waits on a peer.
+
+    ``exchange(step, vector)`` (training thread, every N steps) writes this rank's vector
+    to its own file (one small atomic replace) and returns the latest merged view (the
+    ``cross_rank`` event rank 0 published last, or None). On rank 0 it also starts, unless
+    one is still running, a background merge: read every rank's latest file, keep those
+    within ``max_lag_steps`` of this step (the others are named in ``stale_ranks``: a
+    rank far behind or gone is a finding, not a reason to wait), build the event with
+    ``event(step, rows)``, append it to events.jsonl and publish it as the view. With
+    fewer than two ranks in range nothing is appended; the view says why (``skipped``).
+    """
+
+    def __init__(self, store: ExchangeStore, rank: int, world: int, event: EventBuilder,
+                 max_lag_steps: int, wall_clock: Callable[[], float] = time.time) -> None:
+        self.store, self.rank, self.world = store, int(rank), int(world)
+        self.event, self.max_lag = event, int(max_lag_steps)
+        self.wall = wall_clock
+        self._merging: threading.Thread | None = None
+
+    def __call__(self, step: int, vector: Sequence[float]) -> dict[str, Any] | None:
+        self.store.publish_rank_window(self.rank, {
+            "rank": self.rank, "step": int(step), "wall_time_s": self.wall(),
+            "values": [float(v) for v in vector]})
+        if self.rank == 0 and (self._merging is None or not self._merging.is_alive()):
+            self._merging = threading.Thread(target=self._merge_safely, args=(int(step),),
+                                             daemon=True, name="stepscope-crossrank")
+            self._merging.start()
+        return self.store.cross_view()
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) for a running merge, e.g. before the process exits."""
+        if self._merging is not None:
+            self._merging.join(timeout_s)
+
+    def _merge_safely(self, step: int) -> None:
+        try:
+            self.merge(step)
+        except Exception as exc:  # never let a bad file end the thread noisily
+            self.store.append_event({"type": "warning", "rank": self.rank,
+                                     "message": f"cross-rank view skipped: {exc}"})
+
+    def merge(self, step: int) -> dict[str, Any]:
+        """Build, append and publish the view of ``step`` from the ranks' files."""
+        rows: dict[int, list[float]] = {}
+        stale: list[int] = []
+        for r, payload in self.store.rank_windows().items():
+            values, at = payload.get("values"), payload.get("step")
+            if not isinstance(values, list) or not isinstance(at, int) or r >= self.world:
+                continue
+            if abs(step - at) > self.max_lag:
+                stale.append(r)
+                continue
+            rows[r] = [float(v) if isinstance(v, (int, float)) else math.nan for v in values]
+        missing = sorted(set(range(self.world)) - set(rows) - set(stale))
+        if len(rows) < 2:
+            view = {"type": "cross_rank", "step": step, "skipped":
+                    f"{len(rows)} rank(s) within {self.max_lag} steps of step {step}",
+                    "stale_ranks": sorted(stale), "missing_ranks": missing}
+            self.store.publish_cross_view(view)
+            return view
+        event = self.event(step, rows)
+        event["stale_ranks"], event["missing_ranks"] = sorted(stale), missing
+        self.store.append_event(event)
+        self.store.publish_cross_view(event)
+        return event

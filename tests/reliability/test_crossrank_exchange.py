@@ -1,0 +1,65 @@
+"""The cross-rank side channel: files in the run directory, no collective, no waiting.
+
+Issue 12 item 1: the gather was a collective keyed on each rank's step count; with uneven
+inputs one rank waited in it forever. These pin the exchange with real run directories.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from stepscope.integrations.common.crossrank import FileExchange, cross_rank_event
+from stepscope.schema import RunMeta
+from stepscope.store import RunDir
+
+NAMES = ("step_time_s", "compute_s")
+
+
+def _event(step: int, rows: dict[int, list[float]]) -> dict[str, object]:
+    return cross_rank_event(step, NAMES, rows, "compute_s")
+
+
+def _exchanges(tmp_path: Path, world: int) -> tuple[RunDir, list[FileExchange]]:
+    run = RunDir.create(tmp_path / "run", RunMeta(run_id="run"))
+    return run, [FileExchange(RunDir(run.path), r, world, _event, max_lag_steps=40,
+                              wall_clock=lambda: 1.0) for r in range(world)]
+
+
+def test_ranks_at_different_steps_never_wait_and_rank0_merges_what_is_there(
+        tmp_path: Path) -> None:
+    run, (x0, x1, x2) = _exchanges(tmp_path, 3)
+    assert x1(19, [1.0, 0.5]) is None  # rank 1 publishes and returns at once: no view yet
+    x2(1000, [1.0, 0.5])  # rank 2 is far ahead (or its file is from long ago): stale
+    x0(39, [1.0, 1.0])
+    x0.join()
+    events, _ = run.read_events(type="cross_rank")
+    assert len(events) == 1
+    ev = events[0]
+    assert ev["step"] == 39 and ev["ranks"] == 2 and ev["stale_ranks"] == [2]
+    assert ev["straggler_scores"] == {"0": 0.75, "1": 1.5}  # median 0.75 / own
+    assert ev["stragglers"] == [] and ev["missing_ranks"] == []
+    view = x1(39, [1.0, 0.5])  # the next exchange of rank 1 reads rank 0's merged view
+    assert view is not None and view["straggler_scores"]["1"] == 1.5
+
+
+def test_with_one_rank_in_range_the_view_is_skipped_and_says_why(tmp_path: Path) -> None:
+    run, (x0, _x1) = _exchanges(tmp_path, 2)
+    x0(19, [1.0, 1.0])
+    x0.join()
+    assert run.read_events(type="cross_rank")[0] == []
+    view = run.cross_view()
+    assert view is not None and "1 rank(s) within 40 steps" in view["skipped"]
+    assert view["missing_ranks"] == [1]
+
+
+def test_a_corrupt_rank_file_is_skipped(tmp_path: Path) -> None:
+    run, (x0, x1, _x2) = _exchanges(tmp_path, 3)
+    x1(19, [2.0, math.nan])
+    (run.path / "crossrank" / "rank-00002.json").write_bytes(b"{torn")
+    x0(19, [2.0, 1.0])
+    x0.join()
+    ev = run.read_events(type="cross_rank")[0][0]
+    assert ev["ranks"] == 2 and ev["missing_ranks"] == [2]
+    assert ev["straggler_scores"] == {"0": 1.0}  # rank 1's NaN compute time is not scored
+    assert not list((run.path / "crossrank").glob(".*.tmp"))
