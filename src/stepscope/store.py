@@ -316,6 +316,29 @@ class RunDir:
     def steps_path(self, rank: int) -> Path:
         return self.path / STEPS_DIR / f"rank-{rank:05d}.jsonl"
 
+    def claim_steps_path(self, rank: int) -> Path:
+        """A step file this process alone writes: ``rank-N.jsonl``, created exclusively.
+
+        When it exists already (another process resolved the same rank, or the run is
+        resumed), the file is ``rank-N.p<pid>.jsonl`` (then ``...p<pid>-<k>``): two
+        processes never append to one file, and readers key rows by the rank inside them.
+        An unwritable directory gives the plain name; the writer counts what it drops.
+        """
+        base = self.steps_path(rank)
+        names = [base.name] + [f"rank-{rank:05d}.p{os.getpid()}{f'-{k}' if k else ''}.jsonl"
+                               for k in range(100)]
+        for name in names:
+            path = base.with_name(name)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                return path
+            except FileExistsError:
+                continue
+            except OSError:
+                return base
+        return base
+
     def read_meta(self) -> RunMeta:
         try:
             raw = orjson.loads(self.meta_path.read_bytes())

@@ -35,4 +35,5 @@ dist.barrier()
 total = torch.tensor([float(batches)])
 dist.all_reduce(total)
 print(f"RANK {rank} TOTAL {int(total.item())}", flush=True)
+del model, opt
 dist.destroy_process_group()
