@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import orjson
@@ -85,3 +86,25 @@ def test_sigterm_to_stepscope_ends_torchrun_and_every_worker(tmp_path: Path) -> 
     assert rc != 0 and not any(alive(p) for p in pids), live.stderr
     meta = orjson.loads((tmp_path / "run" / "run.json").read_bytes())
     assert meta["status"] == "failed"
+
+
+def test_worker_blocked_in_a_collective_dies_of_sigterm_with_its_records(tmp_path: Path
+                                                                        ) -> None:
+    out = tmp_path / "run"
+    live = Live([STEPSCOPE, "run", "--out", str(out), "--grace-s", "5", "--", TORCHRUN,
+                 "--nproc-per-node", "2", *script("torch_blocked.py", "--steps", "5")[1:]])
+    try:
+        live.wait_for("BLOCKED", timeout=120)
+        pid = _pid(live, "BLOCKED")
+        time.sleep(0.5)  # let it enter the barrier (a C++ wait, not the interpreter)
+        os.kill(pid, signal.SIGTERM)
+        end = time.monotonic() + 30
+        while alive(pid) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not alive(pid), "a worker blocked in gloo ignored SIGTERM"
+        rows = [orjson.loads(x) for x in
+                (out / "steps" / "rank-00001.jsonl").read_bytes().splitlines()]
+        assert sorted(r["step"] for r in rows if "step_time_s" in r) == list(range(5))
+    finally:
+        os.kill(live.proc.pid, signal.SIGTERM)
+        live.wait(timeout=90)
