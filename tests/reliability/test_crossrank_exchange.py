@@ -63,3 +63,28 @@ def test_a_corrupt_rank_file_is_skipped(tmp_path: Path) -> None:
     assert ev["ranks"] == 2 and ev["missing_ranks"] == [2]
     assert ev["straggler_scores"] == {"0": 1.0}  # rank 1's NaN compute time is not scored
     assert not list((run.path / "crossrank").glob(".*.tmp"))
+
+
+def test_rank0_merges_the_previous_round_so_peers_are_aligned(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path / "run", RunMeta(run_id="run"))
+
+    def event(step: int, rows: dict[int, list[float]]) -> dict[str, object]:
+        return {**_event(step, rows), "comm_wait_s": {"0": 0.1, "1": 0.0}}
+
+    x0, x1 = (FileExchange(RunDir(run.path), r, 2, event, max_lag_steps=40,
+                           aligned_only=("comm_wait_s",)) for r in range(2))
+    x0(19, [1.0, 1.0])
+    x0.join()
+    x1(19, [1.0, 2.0])
+    x1(39, [1.0, 2.0])  # rank 1 is a round ahead: its previous window is step 19's
+    x0(39, [1.0, 1.0])  # merges step 19, rank 0's previous exchange
+    x0.join()
+    ev = run.read_events(type="cross_rank")[0][-1]
+    assert ev["step"] == 19 and ev["aligned"] is True and ev["rank_steps"] == {"0": 19, "1": 19}
+    assert ev["comm_wait_s"] == {"0": 0.1, "1": 0.0}
+    x1(59, [1.0, 2.0])
+    x1(99, [1.0, 2.0])  # now rank 1 has neither step 39 nor a window within 40 steps
+    x0(59, [1.0, 1.0])
+    x0.join()
+    view = run.cross_view()
+    assert view is not None and view["stale_ranks"] == [1] and "skipped" in view

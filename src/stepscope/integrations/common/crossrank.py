@@ -120,28 +120,37 @@ class FileExchange:
     """Cross-rank view through the run directory: no collective, nothing waits on a peer.
 
     ``exchange(step, vector)`` (training thread, every N steps) writes this rank's vector
-    to its own file (one small atomic replace) and returns the latest merged view (the
-    ``cross_rank`` event rank 0 published last, or None). On rank 0 it also starts, unless
-    one is still running, a background merge: read every rank's latest file, keep those
-    within ``max_lag_steps`` of this step (the others are named in ``stale_ranks``: a
-    rank far behind or gone is a finding, not a reason to wait), build the event with
-    ``event(step, rows)``, append it to events.jsonl and publish it as the view. With
-    fewer than two ranks in range nothing is appended; the view says why (``skipped``).
+    to its own file (one small atomic replace; the previous one is kept beside it) and
+    returns the latest merged view (the ``cross_rank`` event rank 0 published last, or
+    None). On rank 0 it also starts, unless one is still running, a background merge
+    for the step of rank 0's *previous* exchange, so that peers had a whole round to
+    publish it: each rank's window of that step is used, else its latest if within
+    ``max_lag_steps`` (the view is then not ``aligned``, and the ``aligned_only`` fields,
+    comparisons of one step across ranks, are dropped), else the rank is named in
+    ``stale_ranks``: a rank far behind, ahead or gone is reported, never waited for. The
+    event from ``event(step, rows)`` is appended to events.jsonl and published as the
+    view; with fewer than two ranks usable nothing is appended and the view says why.
     """
 
     def __init__(self, store: ExchangeStore, rank: int, world: int, event: EventBuilder,
-                 max_lag_steps: int, wall_clock: Callable[[], float] = time.time) -> None:
+                 max_lag_steps: int, aligned_only: Sequence[str] = (),
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.store, self.rank, self.world = store, int(rank), int(world)
         self.event, self.max_lag = event, int(max_lag_steps)
+        self.aligned_only = tuple(aligned_only)
         self.wall = wall_clock
+        self._last: dict[str, Any] | None = None
         self._merging: threading.Thread | None = None
 
     def __call__(self, step: int, vector: Sequence[float]) -> dict[str, Any] | None:
-        self.store.publish_rank_window(self.rank, {
-            "rank": self.rank, "step": int(step), "wall_time_s": self.wall(),
-            "values": [float(v) for v in vector]})
+        entry = {"step": int(step), "wall_time_s": self.wall(),
+                 "values": [float(v) for v in vector]}
+        target = int(self._last["step"]) if self._last is not None else int(step)
+        self.store.publish_rank_window(self.rank, {"rank": self.rank, **entry,
+                                                   "previous": self._last})
+        self._last = entry
         if self.rank == 0 and (self._merging is None or not self._merging.is_alive()):
-            self._merging = threading.Thread(target=self._merge_safely, args=(int(step),),
+            self._merging = threading.Thread(target=self._merge_safely, args=(target,),
                                              daemon=True, name="stepscope-crossrank")
             self._merging.start()
         return self.store.cross_view()
@@ -158,18 +167,31 @@ class FileExchange:
             self.store.append_event({"type": "warning", "rank": self.rank,
                                      "message": f"cross-rank view skipped: {exc}"})
 
+    def _pick(self, payload: Mapping[str, Any], step: int) -> tuple[int, list[float]] | None:
+        """(step, values) of the entry for ``step``, else the latest within the lag."""
+        entries = [payload, payload.get("previous")]
+        good = [(e["step"], e["values"]) for e in entries if isinstance(e, Mapping)
+                and isinstance(e.get("step"), int) and isinstance(e.get("values"), list)]
+        for at, values in good:
+            if at == step:
+                return at, _floats(values)
+        if good and abs(good[0][0] - step) <= self.max_lag:
+            return good[0][0], _floats(good[0][1])
+        return None
+
     def merge(self, step: int) -> dict[str, Any]:
         """Build, append and publish the view of ``step`` from the ranks' files."""
         rows: dict[int, list[float]] = {}
+        steps: dict[int, int] = {}
         stale: list[int] = []
         for r, payload in self.store.rank_windows().items():
-            values, at = payload.get("values"), payload.get("step")
-            if not isinstance(values, list) or not isinstance(at, int) or r >= self.world:
+            if not 0 <= r < self.world:
                 continue
-            if abs(step - at) > self.max_lag:
+            picked = self._pick(payload, step)
+            if picked is None:
                 stale.append(r)
-                continue
-            rows[r] = [float(v) if isinstance(v, (int, float)) else math.nan for v in values]
+            else:
+                steps[r], rows[r] = picked
         missing = sorted(set(range(self.world)) - set(rows) - set(stale))
         if len(rows) < 2:
             view = {"type": "cross_rank", "step": step, "skipped":
@@ -178,7 +200,17 @@ class FileExchange:
             self.store.publish_cross_view(view)
             return view
         event = self.event(step, rows)
-        event["stale_ranks"], event["missing_ranks"] = sorted(stale), missing
+        event["aligned"] = all(at == step for at in steps.values())
+        if not event["aligned"]:
+            for key in self.aligned_only:
+                event.pop(key, None)
+        event.update(stale_ranks=sorted(stale), missing_ranks=missing,
+                     rank_steps={str(r): at for r, at in sorted(steps.items())})
         self.store.append_event(event)
         self.store.publish_cross_view(event)
         return event
+
+
+def _floats(values: list[Any]) -> list[float]:
+    return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+            for v in values]
