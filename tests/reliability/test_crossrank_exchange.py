@@ -23,7 +23,7 @@ def _event(step: int, rows: dict[int, list[float]]) -> dict[str, object]:
 def _exchanges(tmp_path: Path, world: int) -> tuple[RunDir, list[FileExchange]]:
     run = RunDir.create(tmp_path / "run", RunMeta(run_id="run"))
     return run, [FileExchange(RunDir(run.path), r, world, _event, max_lag_steps=40,
-                              wall_clock=lambda: 1.0) for r in range(world)]
+                              settle_s=0.0, wall_clock=lambda: 1.0) for r in range(world)]
 
 
 def test_ranks_at_different_steps_never_wait_and_rank0_merges_what_is_there(
@@ -65,26 +65,45 @@ def test_a_corrupt_rank_file_is_skipped(tmp_path: Path) -> None:
     assert not list((run.path / "crossrank").glob(".*.tmp"))
 
 
-def test_rank0_merges_the_previous_round_so_peers_are_aligned(tmp_path: Path) -> None:
+def test_rank0_waits_on_its_own_thread_for_peers_of_the_same_step(tmp_path: Path) -> None:
     run = RunDir.create(tmp_path / "run", RunMeta(run_id="run"))
 
     def event(step: int, rows: dict[int, list[float]]) -> dict[str, object]:
         return {**_event(step, rows), "comm_wait_s": {"0": 0.1, "1": 0.0}}
 
     x0, x1 = (FileExchange(RunDir(run.path), r, 2, event, max_lag_steps=40,
-                           aligned_only=("comm_wait_s",)) for r in range(2))
-    x0(19, [1.0, 1.0])
-    x0.join()
-    x1(19, [1.0, 2.0])
-    x1(39, [1.0, 2.0])  # rank 1 is a round ahead: its previous window is step 19's
-    x0(39, [1.0, 1.0])  # merges step 19, rank 0's previous exchange
-    x0.join()
+                           aligned_only=("comm_wait_s",), settle_s=30.0) for r in range(2))
+    x1(0, [1.0, 2.0])
+    assert x0(19, [1.0, 1.0]) is None  # returns at once; the merge waits for rank 1
+    x1(19, [1.0, 2.0])  # rank 1 reaches step 19 a moment later
+    x0.join(30)
     ev = run.read_events(type="cross_rank")[0][-1]
     assert ev["step"] == 19 and ev["aligned"] is True and ev["rank_steps"] == {"0": 19, "1": 19}
     assert ev["comm_wait_s"] == {"0": 0.1, "1": 0.0}
-    x1(59, [1.0, 2.0])
-    x1(99, [1.0, 2.0])  # now rank 1 has neither step 39 nor a window within 40 steps
+    x1(39, [1.0, 2.0])  # rank 1 first this time: no wait needed
+    x0.settle_s = 0.0
+    x0(39, [1.0, 1.0])
+    x0.join()
+    ev = run.read_events(type="cross_rank")[0][-1]
+    assert ev["step"] == 39 and ev["aligned"] is True
+    x1(199, [1.0, 2.0])  # now rank 1 has neither step 59 nor a window within 40 steps
     x0(59, [1.0, 1.0])
     x0.join()
     view = run.cross_view()
     assert view is not None and view["stale_ranks"] == [1] and "skipped" in view
+
+
+def test_unaligned_view_drops_per_step_comparisons(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path / "run", RunMeta(run_id="run"))
+
+    def event(step: int, rows: dict[int, list[float]]) -> dict[str, object]:
+        return {**_event(step, rows), "comm_wait_s": {"0": 0.1, "1": 0.0}}
+
+    x0, x1 = (FileExchange(RunDir(run.path), r, 2, event, max_lag_steps=40,
+                           aligned_only=("comm_wait_s",), settle_s=0.0) for r in range(2))
+    x1(9, [1.0, 2.0])  # rank 1 ran out of batches at step 9 (uneven inputs)
+    x0(19, [1.0, 1.0])
+    x0.join()
+    ev = run.read_events(type="cross_rank")[0][-1]
+    assert ev["aligned"] is False and "comm_wait_s" not in ev
+    assert ev["rank_steps"] == {"0": 19, "1": 9}

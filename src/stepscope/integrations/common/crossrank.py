@@ -114,30 +114,37 @@ class ExchangeStore(Protocol):
 
 
 EventBuilder = Callable[[int, Rows], dict[str, Any]]
+# How long rank 0's merge thread waits for the peers to publish the same step: DDP ranks
+# run in lockstep, so they publish within milliseconds; a rank that is seconds away is
+# uneven (join, early stop) or gone, and is then compared at its latest window.
+SETTLE_S = 2.0
+_SETTLE_POLL_S = 0.05
 
 
 class FileExchange:
     """Cross-rank view through the run directory: no collective, nothing waits on a peer.
 
     ``exchange(step, vector)`` (training thread, every N steps) writes this rank's vector
-    to its own file (one small atomic replace; the previous one is kept beside it) and
+    to its own file (one small atomic replace; the previous one is kept in it) and
     returns the latest merged view (the ``cross_rank`` event rank 0 published last, or
-    None). On rank 0 it also starts, unless one is still running, a background merge
-    for the step of rank 0's *previous* exchange, so that peers had a whole round to
-    publish it: each rank's window of that step is used, else its latest if within
-    ``max_lag_steps`` (the view is then not ``aligned``, and the ``aligned_only`` fields,
-    comparisons of one step across ranks, are dropped), else the rank is named in
-    ``stale_ranks``: a rank far behind, ahead or gone is reported, never waited for. The
-    event from ``event(step, rows)`` is appended to events.jsonl and published as the
-    view; with fewer than two ranks usable nothing is appended and the view says why.
+    None). On rank 0 it also starts, unless one is still running, a background merge of
+    ``step``: for up to ``settle_s`` it waits (on its own thread, never the training's)
+    for every rank to publish that step, then uses each rank's window of that step, else
+    its latest if within ``max_lag_steps`` (the view is then not ``aligned`` and the
+    ``aligned_only`` fields, comparisons of one step across ranks, are dropped), else
+    names the rank in ``stale_ranks``: a rank far behind, ahead or gone is reported,
+    never waited for. The event from ``event(step, rows)`` is appended to events.jsonl
+    and published as the view; with fewer than two usable ranks the view says why.
     """
 
     def __init__(self, store: ExchangeStore, rank: int, world: int, event: EventBuilder,
                  max_lag_steps: int, aligned_only: Sequence[str] = (),
+                 settle_s: float = SETTLE_S,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.store, self.rank, self.world = store, int(rank), int(world)
         self.event, self.max_lag = event, int(max_lag_steps)
         self.aligned_only = tuple(aligned_only)
+        self.settle_s = float(settle_s)
         self.wall = wall_clock
         self._last: dict[str, Any] | None = None
         self._merging: threading.Thread | None = None
@@ -145,12 +152,11 @@ class FileExchange:
     def __call__(self, step: int, vector: Sequence[float]) -> dict[str, Any] | None:
         entry = {"step": int(step), "wall_time_s": self.wall(),
                  "values": [float(v) for v in vector]}
-        target = int(self._last["step"]) if self._last is not None else int(step)
         self.store.publish_rank_window(self.rank, {"rank": self.rank, **entry,
                                                    "previous": self._last})
         self._last = entry
         if self.rank == 0 and (self._merging is None or not self._merging.is_alive()):
-            self._merging = threading.Thread(target=self._merge_safely, args=(target,),
+            self._merging = threading.Thread(target=self._merge_safely, args=(int(step),),
                                              daemon=True, name="stepscope-crossrank")
             self._merging.start()
         return self.store.cross_view()
@@ -167,24 +173,36 @@ class FileExchange:
             self.store.append_event({"type": "warning", "rank": self.rank,
                                      "message": f"cross-rank view skipped: {exc}"})
 
-    def _pick(self, payload: Mapping[str, Any], step: int) -> tuple[int, list[float]] | None:
-        """(step, values) of the entry for ``step``, else the latest within the lag."""
+    def _pick(self, payload: Mapping[str, Any], step: int, exact: bool = False
+              ) -> tuple[int, list[float]] | None:
+        """(step, values) of the entry for ``step``, else (unless ``exact``) the latest
+        within the lag."""
         entries = [payload, payload.get("previous")]
         good = [(e["step"], e["values"]) for e in entries if isinstance(e, Mapping)
                 and isinstance(e.get("step"), int) and isinstance(e.get("values"), list)]
         for at, values in good:
             if at == step:
                 return at, _floats(values)
-        if good and abs(good[0][0] - step) <= self.max_lag:
+        if not exact and good and abs(good[0][0] - step) <= self.max_lag:
             return good[0][0], _floats(good[0][1])
         return None
+
+    def _settled(self, step: int) -> dict[int, dict[str, Any]]:
+        """The ranks' files once all have published ``step`` (or ``settle_s`` passed)."""
+        end = time.monotonic() + self.settle_s
+        while True:
+            windows = self.store.rank_windows()
+            have = {r for r, p in windows.items() if self._pick(p, step, exact=True)}
+            if len(have) >= self.world or time.monotonic() >= end:
+                return windows
+            time.sleep(_SETTLE_POLL_S)
 
     def merge(self, step: int) -> dict[str, Any]:
         """Build, append and publish the view of ``step`` from the ranks' files."""
         rows: dict[int, list[float]] = {}
         steps: dict[int, int] = {}
         stale: list[int] = []
-        for r, payload in self.store.rank_windows().items():
+        for r, payload in self._settled(step).items():
             if not 0 <= r < self.world:
                 continue
             picked = self._pick(payload, step)
