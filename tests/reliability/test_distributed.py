@@ -33,7 +33,7 @@ def _steps(path: Path) -> dict[int, list[int]]:
 def test_uneven_inputs_with_join_then_barrier_finish_with_both_ranks(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run([STEPSCOPE, "run", "--out", str(out), "--cross-rank-every", "5", "--",
-                TORCHRUN, "--nproc-per-node", "2",
+                TORCHRUN, "--standalone", "--nproc-per-node", "2",
                 *script("torch_uneven_join.py", "--long", "45", "--short", "30")[1:]],
                timeout=HANG_S)
     no_traceback(proc)
