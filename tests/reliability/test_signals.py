@@ -77,7 +77,8 @@ def test_sigusr1_is_forwarded_without_ending_the_wait(tmp_path: Path) -> None:
 
 def test_sigterm_to_stepscope_ends_torchrun_and_every_worker(tmp_path: Path) -> None:
     live = Live([STEPSCOPE, "run", "--out", str(tmp_path / "run"), "--", TORCHRUN,
-                 "--standalone", "--nproc-per-node", "2", *script("torch_signals.py", "--handle", "none")[1:]])
+                 "--standalone", "--nproc-per-node", "2",
+                 *script("torch_signals.py", "--handle", "none")[1:]])
     live.wait_for("READY", count=2, timeout=120)
     pids = [int(line.split()[-1]) for line in live.stdout.splitlines() if "PID " in line]
     assert len(pids) == 2
@@ -92,7 +93,8 @@ def test_worker_blocked_in_a_collective_dies_of_sigterm_with_its_records(tmp_pat
                                                                         ) -> None:
     out = tmp_path / "run"
     live = Live([STEPSCOPE, "run", "--out", str(out), "--grace-s", "5", "--", TORCHRUN,
-                 "--standalone", "--nproc-per-node", "2", *script("torch_blocked.py", "--steps", "5")[1:]])
+                 "--standalone", "--nproc-per-node", "2",
+                 *script("torch_blocked.py", "--steps", "5")[1:]])
     try:
         live.wait_for("BLOCKED", timeout=120)
         pid = _pid(live, "BLOCKED")
