@@ -127,8 +127,8 @@ class FileExchange:
     ``exchange(step, vector)`` (training thread, every N steps) writes this rank's vector
     to its own file (one small atomic replace; the previous one is kept in it) and
     returns the latest merged view (the ``cross_rank`` event rank 0 published last, or
-    None). On rank 0 it also starts, unless one is still running, a background merge of
-    ``step``: for up to ``settle_s`` it waits (on its own thread, never the training's)
+    None). On rank 0 it also hands ``step`` to its merge thread (a newer step replaces
+    one not yet begun): for up to ``settle_s`` it waits (on its own thread, never the training's)
     for every rank to publish that step, then uses each rank's window of that step, else
     its latest if within ``max_lag_steps`` (the view is then not ``aligned`` and the
     ``aligned_only`` fields, comparisons of one step across ranks, are dropped), else
@@ -147,6 +147,8 @@ class FileExchange:
         self.settle_s = float(settle_s)
         self.wall = wall_clock
         self._last: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._next: int | None = None  # the step rank 0's merge thread does next
         self._merging: threading.Thread | None = None
 
     def __call__(self, step: int, vector: Sequence[float]) -> dict[str, Any] | None:
@@ -155,23 +157,33 @@ class FileExchange:
         self.store.publish_rank_window(self.rank, {"rank": self.rank, **entry,
                                                    "previous": self._last})
         self._last = entry
-        if self.rank == 0 and (self._merging is None or not self._merging.is_alive()):
-            self._merging = threading.Thread(target=self._merge_safely, args=(int(step),),
-                                             daemon=True, name="stepscope-crossrank")
-            self._merging.start()
+        if self.rank == 0:
+            with self._lock:  # a merge still running takes this step next (latest wins)
+                self._next = int(step)
+                if self._merging is None or not self._merging.is_alive():
+                    self._merging = threading.Thread(target=self._merge_loop, daemon=True,
+                                                     name="stepscope-crossrank")
+                    self._merging.start()
         return self.store.cross_view()
 
     def join(self, timeout_s: float = 5.0) -> None:
-        """Wait (bounded) for a running merge, e.g. before the process exits."""
-        if self._merging is not None:
-            self._merging.join(timeout_s)
+        """Wait (bounded) for the merges under way, e.g. before the process exits."""
+        thread = self._merging
+        if thread is not None:
+            thread.join(timeout_s)
 
-    def _merge_safely(self, step: int) -> None:
-        try:
-            self.merge(step)
-        except Exception as exc:  # never let a bad file end the thread noisily
-            self.store.append_event({"type": "warning", "rank": self.rank,
-                                     "message": f"cross-rank view skipped: {exc}"})
+    def _merge_loop(self) -> None:
+        while True:
+            with self._lock:
+                step, self._next = self._next, None
+                if step is None:
+                    self._merging = None
+                    return
+            try:
+                self.merge(step)
+            except Exception as exc:  # never let a bad file end the thread noisily
+                self.store.append_event({"type": "warning", "rank": self.rank,
+                                         "message": f"cross-rank view skipped: {exc}"})
 
     def _pick(self, payload: Mapping[str, Any], step: int, exact: bool = False
               ) -> tuple[int, list[float]] | None:
