@@ -187,8 +187,8 @@ def test_cross_rank_through_the_run_directory_scores_a_slow_peer(tmp_path: Path)
     events, _ = RunDir.open(tmp_path / "run").read_events(type="cross_rank")
     assert [e["step"] for e in events] == [1, 3] and all(e["aligned"] for e in events)
     assert events[0]["stragglers"] == [1]
-    # reference = median of the ranks' compute medians (1.0 and 3.0) = 2.0
-    assert events[0]["straggler_scores"] == {"0": 2.0, "1": 2.0 / 3.0}
+    # reference = the fastest rank's compute median (1.0): HealthConfig's one definition
+    assert events[0]["straggler_scores"] == {"0": 1.0, "1": 1.0 / 3.0}
 
 
 def test_single_rank_never_gathers(tmp_path: Path) -> None:
