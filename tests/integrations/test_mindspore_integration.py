@@ -177,9 +177,14 @@ def test_msrun_two_workers(tmp_path: Path) -> None:
     # all-reduce ("comm", not compute). Timings on this shared 2-core machine are noisy, so
     # the check is the ordering, not the threshold (with two ranks the reference is the
     # faster rank, scored 1.0: flagging needs rank 1 > 1.25x rank 0).
+    # Since the cross-rank view stopped being a collective (issue 12: it deadlocked uneven
+    # jobs), nothing re-synchronises the ranks every 4 steps, and on this loaded machine
+    # where rank 0's wait for rank 1 lands (comm or the next compute) varies: the check is
+    # the exchange itself -- both ranks' windows of the same step, scored.
     for g in gathers:
-        assert g["ranks"] == 2 and set(g["stragglers"]) <= {1}
-        assert g["straggler_scores"]["1"] < 1.0 == g["straggler_scores"]["0"]
+        assert g["ranks"] == 2 and g["aligned"] is True
+        assert set(g["straggler_scores"]) == {"0", "1"}
+        assert max(g["straggler_scores"].values()) == 1.0
     tables = _profile(run_dir)  # both ranks' profiles under one timestamped directory
     assert [int(t.rank[0]) for t in tables] == [0, 1]
     for t in tables:
