@@ -50,6 +50,10 @@ class RowQueue:
         self._wake = threading.Event()
         self._interval = float(flush_interval_s)
         self._closed = False
+        # Called (writer thread) with (records dropped so far, first error) when writing
+        # works again after a failure (space came back): the loss is recorded at once.
+        self.on_recovery: Callable[[int, str | None], None] | None = None
+        self._reported = 0
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(target=self._loop, daemon=True,
@@ -75,6 +79,10 @@ class RowQueue:
     def dropped(self) -> int:
         return self._file.dropped
 
+    @property
+    def first_error(self) -> str | None:
+        return self._file.first_error
+
     def _take(self) -> list[dict[str, Any]]:
         q = self._rows
         rows = []
@@ -95,7 +103,11 @@ class RowQueue:
             records = self._take()
             if not records:
                 return
-            self._file.write(records)
+            written = self._file.write(records)
+            if written and self._file.dropped > self._reported:
+                self._reported = self._file.dropped
+                if self.on_recovery is not None:
+                    self.on_recovery(self._reported, self._file.first_error)
             for fn in list(self._listeners):
                 try:
                     fn(records)

@@ -150,9 +150,37 @@ def _read_row(run: RunDir, rel: str, signature: str) -> dict[str, Any]:
 
 
 # -- the database --------------------------------------------------------------------------
+# A second `stepscope index` on the same root waits this long for the other's write
+# (sqlite's default of 5 s failed as "database is locked" on a slow scan).
+BUSY_TIMEOUT_S = 120.0
+# SQLite's WAL needs shared memory between the processes, which network file systems do
+# not give (sqlite.org/wal.html, "WAL does not work over a network filesystem").
+_NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph",
+               "glusterfs", "9p", "afs")
+
+
+def _on_network_fs(path: Path) -> bool:
+    """True if ``path`` lies on a network file system per /proc/mounts (False if unknown)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    target, best, kind = str(path.resolve().parent), "", ""
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3 and (target == parts[1] or target.startswith(
+                parts[1].rstrip("/") + "/")) and len(parts[1]) > len(best):
+            best, kind = parts[1], parts[2]
+    return kind in _NETWORK_FS or kind.startswith("fuse.")
+
+
 def _connect(db_path: Path, create: bool = True) -> sqlite3.Connection:
     try:
-        con = sqlite3.connect(db_path)
+        con = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_S)
+        if create:
+            if not _on_network_fs(db_path):
+                con.execute("PRAGMA journal_mode=WAL")  # readers never wait for a scan
+            con.execute("BEGIN IMMEDIATE")  # one process at a time checks/creates tables
         version = con.execute("PRAGMA user_version").fetchone()[0]
     except sqlite3.Error as exc:
         raise RunDirError(f"cannot open the index {db_path}: {exc}; pass --db to put it "
@@ -163,14 +191,15 @@ def _connect(db_path: Path, create: bool = True) -> sqlite3.Connection:
                           f"schema {version}, expected {SCHEMA_VERSION}); rebuild it with "
                           "`stepscope index ROOT`")
     if version != SCHEMA_VERSION:
-        con.executescript("DROP TABLE IF EXISTS runs; DROP TABLE IF EXISTS skipped;")
+        con.execute("DROP TABLE IF EXISTS runs")  # not executescript: it would commit
+        con.execute("DROP TABLE IF EXISTS skipped")
         cols = ", ".join(f'"{c}"' + (" TEXT PRIMARY KEY" if c == "path" else "")
                          for c in COLUMNS)
         con.execute(f"CREATE TABLE runs ({cols})")  # column names are ours, not user text
         con.execute("CREATE TABLE skipped (path TEXT PRIMARY KEY, reason TEXT, "
                     "signature TEXT)")
         con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        con.commit()
+    con.commit()
     return con
 
 
@@ -181,7 +210,8 @@ def _plan_one(con: sqlite3.Connection, root: Path, path: Path, complete: bool,
     stats = result.stats
     if not complete:
         reason = "partial run: step records but no run.json"
-        con.execute("INSERT OR REPLACE INTO skipped VALUES (?, ?, ?)", (rel, reason, ""))
+        with con:
+            con.execute("INSERT OR REPLACE INTO skipped VALUES (?, ?, ?)", (rel, reason, ""))
         result.skipped.append(Skipped(rel, reason))
         stats.skipped += 1
         return None
@@ -194,23 +224,32 @@ def _plan_one(con: sqlite3.Connection, root: Path, path: Path, complete: bool,
 
 
 def _row_or_reason(task: tuple[str, str, str]) -> tuple[str, dict[str, Any] | str]:
-    """One run's index row, or why it was skipped: the unit of work of an engine."""
+    """One run's index row, or why it was skipped: the unit of work of an engine. Read
+    outside any transaction, so a concurrent indexer is not held up meanwhile."""
     path, rel, sig = task
     try:
         return rel, _read_row(RunDir(path), rel, sig)
     except StepscopeError as exc:
         return rel, str(exc)
+    except Exception as exc:  # a reader bug on one corrupt run must not abort the scan
+        return rel, f"unreadable ({type(exc).__name__}: {exc})"
 
 
 def _store(con: sqlite3.Connection, rel: str, sig: str, row: dict[str, Any] | str) -> None:
     if isinstance(row, str):
-        con.execute("DELETE FROM runs WHERE path = ?", (rel,))
-        con.execute("INSERT OR REPLACE INTO skipped VALUES (?, ?, ?)", (rel, row, sig))
+        _skip(con, rel, row, sig)
         return
-    con.execute("DELETE FROM skipped WHERE path = ?", (rel,))
-    marks = ", ".join("?" for _ in COLUMNS)
-    con.execute(f"INSERT OR REPLACE INTO runs VALUES ({marks})",
-                [row.get(c) for c in COLUMNS])
+    with con:  # one short transaction per run
+        con.execute("DELETE FROM skipped WHERE path = ?", (rel,))
+        marks = ", ".join("?" for _ in COLUMNS)
+        con.execute(f"INSERT OR REPLACE INTO runs VALUES ({marks})",
+                    [row.get(c) for c in COLUMNS])
+
+
+def _skip(con: sqlite3.Connection, rel: str, reason: str, sig: str) -> None:
+    with con:
+        con.execute("DELETE FROM runs WHERE path = ?", (rel,))
+        con.execute("INSERT OR REPLACE INTO skipped VALUES (?, ?, ?)", (rel, reason, sig))
 
 
 def build_index(root: str | os.PathLike[str], db_path: str | os.PathLike[str] | None = None,

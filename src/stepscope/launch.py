@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -34,10 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, RunDirError
 from .integrations.torch.settings import parse_steps
 from .schema import RunMeta
 from .store import RunDir, utc_stamp
+from .supervise import DEFAULT_GRACE_S, run_child
 
 __all__ = ["launch", "LaunchOutcome", "SITECUSTOMIZE"]
 
@@ -89,8 +89,13 @@ def default_out(name: str = "") -> Path:
 
 def launch(command: Sequence[str], out: str | os.PathLike[str] | None = None, *,
            name: str = "", profile_steps: str | None = None,
-           env: Mapping[str, str] | None = None) -> LaunchOutcome:
-    """Run ``command`` instrumented; return when it exits (see the module docstring)."""
+           env: Mapping[str, str] | None = None,
+           grace_s: float = DEFAULT_GRACE_S) -> LaunchOutcome:
+    """Run ``command`` instrumented; return when it exits (see the module docstring).
+
+    ``out`` must not hold a run already (:meth:`RunDir.create_new`); signals are forwarded
+    to the command, which gets ``grace_s`` seconds to exit (:mod:`stepscope.supervise`).
+    """
     if not command:
         raise ConfigError("no command given: expected `stepscope run -- python train.py ...`")
     if profile_steps:
@@ -105,16 +110,20 @@ def launch(command: Sequence[str], out: str | os.PathLike[str] | None = None, *,
     meta = RunMeta(run_id=path.name, name=name or path.name, created_utc=utc_stamp(),
                    command=list(command),
                    config={"launcher": "stepscope run", "profile_steps": profile_steps})
-    run = RunDir.create(path, meta)
+    run = RunDir.create_new(path, meta)  # never overwrites an earlier run
     prof_dir = run.new_profile_dir() if profile_steps else None
     boot = Path(tempfile.mkdtemp(prefix="stepscope-boot-"))  # not in the run directory
     try:
         (boot / "sitecustomize.py").write_text(SITECUSTOMIZE)
         child_env = _child_env(boot, run.path, name, profile_steps, prof_dir, env)
-        rc = _run(list(command), child_env)
+        rc = _run(list(command), child_env, grace_s)
     finally:
         shutil.rmtree(boot, ignore_errors=True)
-    status, error = _finish(run, rc)
+    try:
+        status, error = _finish(run, rc)
+    except RunDirError as exc:  # e.g. a full disk: say so, but keep the command's status
+        sys.stderr.write(f"stepscope: final status not recorded: {exc}\n")
+        status, error = "unknown", str(exc)
     return LaunchOutcome(run.path, rc, status, error, prof_dir)
 
 
@@ -135,19 +144,9 @@ def _child_env(boot: Path, run_path: Path, name: str, profile_steps: str | None,
     return env
 
 
-def _run(command: list[str], env: dict[str, str]) -> int:
-    try:
-        proc = subprocess.Popen(command, env=env)
-    except OSError as exc:
-        raise ConfigError(f"cannot start {command[0]!r}: {exc}") from exc
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:  # the child got the same SIGINT; give it time to close
-        try:
-            return proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+def _run(command: list[str], env: dict[str, str], grace_s: float) -> int:
+    # Own process group, signals forwarded, grace then SIGKILL, leftovers ended (supervise).
+    return run_child(command, env, grace_s=grace_s)
 
 
 def _finish(run: RunDir, rc: int) -> tuple[str, str | None]:

@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 
 from ._records import UNSET, RowLayout, encode_value
 from ._writer import Listener, RowQueue
+from .rank import resolve_rank
 from .schema import STEP_COLUMN_NAMES, RunMeta
 from .store import RunDir, utc_stamp
 
@@ -71,14 +72,6 @@ _I_END, _I_WALL = _COL["end_s"], _COL["wall_time_s"]
 _I_STEP_TIME, _I_DATA = _COL["step_time_s"], _COL["data_wait_s"]
 _I_TOKENS, _I_SAMPLES, _I_SYNCED = _COL["tokens"], _COL["samples"], _COL["synced"]
 _I_CPU, _I_PREEMPT, _I_TOOL = _COL["cpu_s"], _COL["preempt"], _COL["tool_s"]
-
-
-def _env_rank() -> int:
-    for var in ("RANK", "RANK_ID", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
-        value = os.environ.get(var)
-        if value is not None and value.strip().isdigit():
-            return int(value)
-    return 0
 
 
 class _Phase:
@@ -168,7 +161,7 @@ class Recorder:
         background: bool = True,
         no_usage: bool = False,
     ) -> None:
-        self.rank = _env_rank() if rank is None else int(rank)
+        self.rank = resolve_rank() if rank is None else int(rank)
         self._clock = clock
         self._wall = wall_clock
         self._usage = None if no_usage else (usage or _rusage)
@@ -178,9 +171,11 @@ class Recorder:
         self._sync_now = False
         self.run = RunDir.for_recorder(Path(run_dir), _as_meta(Path(run_dir), meta), self.rank)
         self._layout = RowLayout()  # column -> slot; extras added on first use
-        self._queue = RowQueue(self.run.steps_path(self.rank), self._layout.names,
+        # A file of this process's own, even if another process resolved the same rank.
+        self._queue = RowQueue(self.run.claim_steps_path(self.rank), self._layout.names,
                                rank=self.rank, flush_interval_s=flush_interval_s,
                                capacity=capacity, background=background)
+        self._queue.on_recovery = lambda n, first: self.run.report_loss(self.rank, n, first)
         self._blank = self._layout.blank
         self._row = self._blank.copy()
         self.dropped = 0  # records lost to I/O errors (see StepFileWriter)
@@ -372,10 +367,11 @@ class Recorder:
         self._closed = True
         self._queue.close()
         self.dropped += self._queue.dropped
+        if self._queue.dropped:
+            self.run.report_loss(self.rank, self.dropped, self._queue.first_error)
         if self.rank == 0:
             try:
-                self.run.update_meta(status=status, error=error,
-                                     config={"records_dropped": self.dropped})
+                self.run.finish(status, error, self.dropped, self._queue.first_error)
             except Exception as exc:
                 warnings.warn(f"stepscope: cannot update run.json: {exc}", RuntimeWarning,
                               stacklevel=2)

@@ -36,19 +36,27 @@ from typing import Any, Protocol, TypeVar
 
 from ._records import UNSET
 from ._writer import Listener
-from .integrations.common.crossrank import WindowStats, cross_rank_event
+from .integrations.common.crossrank import (
+    EventBuilder,
+    FileExchange,
+    Rows,
+    WindowStats,
+    cross_rank_event,
+)
 from .integrations.common.losscheck import LossWatch
 from .recorder import Recorder
 
-__all__ = ["StepSession", "Capture", "CROSS_RANK_NAMES", "Gather", "MemProbe"]
+__all__ = ["StepSession", "Capture", "CROSS_RANK_NAMES", "CrossVector", "Exchange", "MemProbe"]
 
 T = TypeVar("T")
 _NAN = math.nan
 # Per-rank quantities gathered by default; stragglers are scored on compute_s (step time
 # without the data wait and the timed communication, where a fast rank waits for a slow one).
 CROSS_RANK_NAMES: tuple[str, ...] = ("step_time_s", "data_wait_s", "compute_s")
-Gather = Callable[[list[float]], Sequence[Sequence[float]]]
-CrossEvent = Callable[[int, Sequence[Sequence[float]]], dict[str, Any]]
+# This rank's published vector from its window medians (an adapter may append fields).
+CrossVector = Callable[[list[float]], Sequence[float]]
+# (step, vector) -> the latest merged view; default a FileExchange (no collective).
+Exchange = Callable[[int, Sequence[float]], Mapping[str, Any] | None]
 MemProbe = Callable[[], tuple[float, float]]
 
 
@@ -65,15 +73,14 @@ class Capture(Protocol):
 
 
 class _CrossRank:
-    """This rank's window of recent steps and the gather that compares it across ranks."""
+    """This rank's window of recent steps and the exchange that compares it across ranks."""
 
-    def __init__(self, gather: Gather, every: int, names: Sequence[str], window: int,
-                 event: CrossEvent | None) -> None:
-        self.gather, self.every, self.names = gather, int(every), tuple(names)
+    def __init__(self, exchange: Exchange, vector: CrossVector, every: int,
+                 names: Sequence[str], window: int) -> None:
+        self.exchange, self.vector, self.every = exchange, vector, int(every)
+        self.names = tuple(names)
         self.window = WindowStats(self.names, window=window)
-        self.event = event or (lambda step, rows: cross_rank_event(
-            step, self.names, rows, "compute_s"))
-        self.done = -1  # completed-step count of the last gather
+        self.done = -1  # completed-step count of the last exchange
 
     def due(self, completed: int) -> bool:
         return bool(self.every) and completed > 0 and completed % self.every == 0 \
@@ -190,23 +197,36 @@ class StepSession:
             self._tool_s += dt
 
     # -- cross-rank ------------------------------------------------------------------------
-    def enable_cross_rank(self, gather: Gather, *, world: int, every: int,
+    def enable_cross_rank(self, vector: CrossVector | None = None, *, world: int, every: int,
                           names: Sequence[str] = CROSS_RANK_NAMES, window: int = 50,
-                          event: CrossEvent | None = None) -> None:
-        """Compare ranks every ``every`` steps (a collective: every rank gathers together).
+                          event: EventBuilder | None = None, aligned_only: Sequence[str] = (),
+                          exchange: Exchange | None = None) -> None:
+        """Compare ranks every ``every`` steps, without a collective.
 
-        ``gather(medians)`` returns every rank's vector (it may append its own fields);
-        ``event(step, rows)`` builds the ``cross_rank`` event (default: medians, straggler
-        scores on ``compute_s``). Nothing is gathered with one rank or ``every`` = 0.
+        Each rank publishes ``vector(medians)`` of its window to the run directory and
+        goes on (:class:`~stepscope.integrations.common.crossrank.FileExchange`); rank 0
+        merges the ranks' latest windows on a thread into a ``cross_rank`` event built by
+        ``event(step, rows)`` (default: medians, straggler scores on ``compute_s``). Ranks
+        at different step counts (uneven inputs) therefore never wait for each other.
+        Nothing is exchanged with one rank or ``every`` = 0.
         """
-        if world > 1 and every > 0:
-            self.cross = _CrossRank(gather, every, names, window, event)
+        if world < 2 or every <= 0:
+            return
+        names = tuple(names)
+
+        def default_event(step: int, rows: Rows) -> dict[str, Any]:
+            return cross_rank_event(step, names, rows, "compute_s")
+
+        # A rank more than 3 rounds away is compared no more (it is named stale instead).
+        ex = exchange or FileExchange(self.rec.run, self.rank, world, event or default_event,
+                                      max_lag_steps=3 * every, aligned_only=aligned_only)
+        self.cross = _CrossRank(ex, vector or list, every, names, window)
 
     def cross_rank(self) -> float:
-        """Gather now if due; returns the seconds it took (stepscope's own time).
+        """Exchange now if due; returns the seconds it took (stepscope's own time).
 
-        Rank 0 appends the ``cross_rank`` event; every rank logs its own straggler score
-        (and wait/transfer split when the event has one) on the step just recorded.
+        Every rank logs its own straggler score (and wait/transfer split when the view
+        has one) from the latest merged view on the step just recorded.
         """
         c, completed = self.cross, self.step
         if c is None or not c.due(completed):
@@ -214,19 +234,16 @@ class StepSession:
         c.done = completed
         t0 = self.clock()
         try:
-            rows = [list(map(float, r)) for r in c.gather(c.window.medians())]
-            event = c.event(completed - 1, rows)
-        except Exception as exc:  # a failing gather must not stop training: say so once
+            view = c.exchange(completed - 1, list(c.vector(c.window.medians())))
+        except Exception as exc:  # a failing exchange must not stop training: say so once
             self.cross = None
             self.rec.run.append_event({"type": "warning", "rank": self.rank,
-                                       "message": f"cross-rank gather disabled: {exc}"})
+                                       "message": f"cross-rank view disabled: {exc}"})
             return self.clock() - t0
-        if self.rank == 0:
-            self.rec.run.append_event(event)
         me = str(self.rank)
-        mine = {"straggler_score": event.get("straggler_scores", {}).get(me, _NAN),
-                "comm_wait_s": event.get("comm_wait_s", {}).get(me, _NAN),
-                "comm_transfer_s": event.get("comm_transfer_s", {}).get(me, _NAN)}
+        mine = {k: _lookup(view, f, me) for k, f in (
+            ("straggler_score", "straggler_scores"), ("comm_wait_s", "comm_wait_s"),
+            ("comm_transfer_s", "comm_transfer_s"))}
         self.rec.log(**{k: v for k, v in mine.items() if not math.isnan(v)})
         return self.clock() - t0
 
@@ -327,12 +344,22 @@ class StepSession:
     def close(self, status: str = "finished", error: str | None = None) -> None:
         if self.capture is not None:
             self.capture.close()
+        join = getattr(self.cross.exchange, "join", None) if self.cross else None
+        if join is not None:
+            join()  # rank 0's last merge (bounded) before the records close
         self.rec.close(status=status, error=error)
 
     def summary(self) -> dict[str, Any]:
         w = self.watch
         return {"steps_with_loss": w.with_loss if w else 0,
                 "steps_without_loss": w.without_loss if w else 0}
+
+
+def _lookup(view: Mapping[str, Any] | None, field: str, rank: str) -> float:
+    """``view[field][rank]`` as a float, NaN when absent."""
+    v = (view or {}).get(field)
+    v = v.get(rank) if isinstance(v, Mapping) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else _NAN
 
 
 def _num(v: float) -> float:

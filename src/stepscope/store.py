@@ -7,6 +7,7 @@ Layout (one directory per run; many runs under one root)::
       steps/rank-00000.jsonl   append-only step records, one JSON object per line
       events.jsonl             health findings, alerts, isolation-experiment results
       profiles/<UTC-timestamp>/  archived profiler outputs
+      crossrank/rank-00000.json  each rank's latest cross-rank window (side channel)
       report.html              latest rendered report
 
 Readers never fail on a torn last line or a corrupt record: they skip it, count it and report
@@ -25,14 +26,24 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import os
+import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from ._meta_check import clean_meta
+from ._runwrite import (
+    META_OPTS,
+    NO_SPACE,
+    CrossRankFiles,
+    StepFileWriter,
+    claim_step_file,
+    meta_bytes,
+    overwrite_in_place,
+)
 from ._steps_decode import ReadStats, parse_jsonl
 from ._steps_table import read_step_files
 from .errors import RunDirError
@@ -59,60 +70,7 @@ def is_run_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / RUN_JSON).is_file()
 
 
-class StepFileWriter:
-    """Appends pre-built records to one rank's JSONL file; never raises ``OSError``.
-
-    Each ``write`` is one ``os.write`` of whole lines on an ``O_APPEND`` descriptor, so a
-    crash leaves at most one torn line at the end, which readers skip.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-        self.failed = False
-        self.dropped = 0
-
-    def _open(self) -> int:
-        if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        return self._fd
-
-    def write(self, records: Iterable[Mapping[str, Any]]) -> int:
-        # orjson writes NaN/inf as null, which readers load back as NaN.
-        lines = [orjson.dumps(r) for r in records]
-        if not lines:
-            return 0
-        data = b"\n".join(lines) + b"\n"
-        try:
-            fd = self._open()
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-        except OSError as exc:
-            self.dropped += len(lines)
-            if not self.failed:
-                self.failed = True
-                warnings.warn(
-                    f"stepscope: cannot write step records to {self.path} ({exc}); "
-                    "training continues, records are being dropped",
-                    RuntimeWarning, stacklevel=2,
-                )
-            self.close()
-            return 0
-        return len(lines)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
-
-
-class RunDir:
+class RunDir(CrossRankFiles):
     """Handle on one run directory. ``create`` makes one, ``open`` validates one."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -129,6 +87,33 @@ class RunDir:
         except OSError as exc:
             raise RunDirError(f"cannot create run directory {run.path}: {exc}") from exc
         run.write_meta(meta)
+        return run
+
+    @classmethod
+    def create_new(cls, path: str | os.PathLike[str], meta: RunMeta) -> RunDir:
+        """Like :meth:`create`, but refuses a directory that already holds a run.
+
+        run.json is linked into place (``os.link`` fails if the name exists), so of two
+        processes creating the same run only one succeeds, and nothing of an earlier run
+        (its run.json, its step files) is touched.
+        """
+        run = cls(path)
+        if run.meta_path.exists() or run.step_files():
+            raise RunDirError(
+                f"{run.path} already holds a run; stepscope never overwrites one: pass "
+                "another --out, or none for a new runs/<name>-<UTC timestamp> directory")
+        try:
+            (run.path / STEPS_DIR).mkdir(parents=True, exist_ok=True)
+            tmp = run._write_tmp(meta)
+            try:
+                os.link(tmp, run.meta_path)
+            finally:
+                tmp.unlink(missing_ok=True)
+        except FileExistsError as exc:
+            raise RunDirError(f"{run.path} already holds a run (created meanwhile by "
+                              "another process); pass another --out") from exc
+        except OSError as exc:
+            raise RunDirError(f"cannot create run directory {run.path}: {exc}") from exc
         return run
 
     @classmethod
@@ -184,6 +169,10 @@ class RunDir:
     def steps_path(self, rank: int) -> Path:
         return self.path / STEPS_DIR / f"rank-{rank:05d}.jsonl"
 
+    def claim_steps_path(self, rank: int) -> Path:
+        """A step file this process alone writes (see :func:`._runwrite.claim_step_file`)."""
+        return claim_step_file(self.steps_path(rank))
+
     def read_meta(self) -> RunMeta:
         try:
             raw = orjson.loads(self.meta_path.read_bytes())
@@ -196,21 +185,38 @@ class RunDir:
             raise RunDirError(f"{self.meta_path} is missing") from exc
         except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
             raise RunDirError(
-                f"{self.meta_path} is corrupt ({exc}); the step records may still be read "
-                "with `stepscope report --ignore-meta`"
+                f"{self.meta_path} is corrupt ({exc}); the step records in {STEPS_DIR}/ are "
+                "untouched: restore run.json from a copy, or fix the JSON by hand"
             ) from exc
         except OSError as exc:
             raise RunDirError(f"cannot read {self.meta_path}: {exc}") from exc
 
-    def write_meta(self, meta: RunMeta) -> None:
-        """Atomic replace, so a reader never sees a half-written run.json."""
+    def _write_tmp(self, meta: RunMeta) -> Path:
+        """run.json's new content in a temporary file beside it (removed on failure)."""
         tmp = self.meta_path.with_name(f".{RUN_JSON}.{os.getpid()}.tmp")
         try:
-            tmp.write_bytes(orjson.dumps(meta.to_dict(), option=orjson.OPT_INDENT_2
-                                         | orjson.OPT_SERIALIZE_NUMPY, default=str))
+            tmp.write_bytes(meta_bytes(meta))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def write_meta(self, meta: RunMeta) -> None:
+        """Atomic replace, so a reader never sees a half-written run.json.
+
+        When the disk is full the temporary copy cannot be written; the new content then
+        goes into run.json's own blocks (see :func:`_meta_bytes`: every run.json is padded
+        to reserve them), so the final status of a run on a full disk is still recorded.
+        No temporary file is left behind either way.
+        """
+        try:
+            tmp = self._write_tmp(meta)
             os.replace(tmp, self.meta_path)
+            return
         except OSError as exc:
-            raise RunDirError(f"cannot write {self.meta_path}: {exc}") from exc
+            data = orjson.dumps(meta.to_dict(), option=META_OPTS, default=str)
+            if exc.errno not in NO_SPACE or not overwrite_in_place(self.meta_path, data):
+                raise RunDirError(f"cannot write {self.meta_path}: {exc}") from exc
 
     def update_meta(self, **changes: Any) -> RunMeta:
         """Merge ``changes`` into run.json; dict values are merged one level deep."""
@@ -223,6 +229,33 @@ class RunDir:
                 setattr(meta, key, value)
         self.write_meta(meta)
         return meta
+
+    def finish(self, status: str, error: str | None, records_dropped: int = 0,
+               first_error: str | None = None, attempts: int = 3,
+               retry_s: float = 0.5) -> RunMeta:
+        """The final status write: run.json ``status``, ``error`` and the write losses.
+
+        Losses go to ``config.records_dropped`` and, when any, a ``config.degraded`` note.
+        Retried ``attempts`` times ``retry_s`` apart (space may come back, e.g. after a log
+        rotation); raises :class:`RunDirError` when every attempt failed.
+        """
+        config: dict[str, Any] = {"records_dropped": int(records_dropped)}
+        if records_dropped:
+            config["degraded"] = (f"{records_dropped} step records lost to a write error"
+                                  + (f" (first: {first_error})" if first_error else ""))
+        for attempt in range(max(1, attempts)):
+            try:
+                return self.update_meta(status=status, error=error, config=config)
+            except RunDirError:
+                if attempt == max(1, attempts) - 1:
+                    raise
+                time.sleep(retry_s)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def report_loss(self, rank: int, records_dropped: int, first_error: str | None) -> None:
+        """One ``write_error`` event: a rank's cumulative count of records it could not write."""
+        self.append_event({"type": "write_error", "rank": int(rank),
+                           "records_dropped": int(records_dropped), "first_error": first_error})
 
     def write_report(self, html: str, out: str | os.PathLike[str] | None = None) -> Path:
         """Write the rendered report to ``report.html`` (or ``out``); atomic replace."""

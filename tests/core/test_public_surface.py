@@ -184,6 +184,7 @@ CLI = {
     'export': ('--experiment', '--json', '--to'),
     'report': ('--html', '--json', '--no-html'),
     'run': (   '--cross-rank-every',
+               '--grace-s',
                '--json',
                '--max-steps',
                '--name',

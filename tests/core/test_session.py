@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stepscope import Recorder, RunDir
+from stepscope.integrations.common.crossrank import FileExchange
 from stepscope.session import StepSession
 
 
@@ -148,38 +149,51 @@ def test_profiler_time_is_tool_time_and_stays_in_the_step_time(tmp_path: Path) -
     assert cap.calls[-1] == ("close", -1)
 
 
-def test_cross_rank_gather_scores_stragglers_every_n_steps(tmp_path: Path) -> None:
+def test_cross_rank_exchange_every_n_steps_logs_the_views_score(tmp_path: Path) -> None:
     clk = FakeClock()
     s = _session(tmp_path, clk)
-    gathered: list[list[float]] = []
+    published: list[tuple[int, list[float]]] = []
 
-    def gather(medians: list[float]) -> Sequence[Sequence[float]]:
-        gathered.append(medians)
-        clk.tick(0.125)  # the collective's own time
-        slow = [medians[0] * 3, medians[1], medians[2] * 3]  # rank 1: 3x the compute
-        return [medians, slow]
+    def exchange(step: int, vector: Sequence[float]) -> dict[str, object]:
+        published.append((step, list(vector)))
+        clk.tick(0.125)  # the exchange's own time (one small file write)
+        return {"straggler_scores": {"0": 2.0, "1": 2.0 / 3.0}}
 
-    s.enable_cross_rank(gather, world=2, every=2)
+    s.enable_cross_rank(world=2, every=2, exchange=exchange)
     for step in range(4):
         s.record(10.0 * step, 10.0 * step + 1.0 + step, phases={"data_wait": 0.5})
     s.close()
     # medians of the window after steps 2 and 4: step time, data wait, compute
-    assert gathered == [[1.5, 0.5, 1.0], [2.5, 0.5, 2.0]]
-    events, _ = RunDir.open(tmp_path / "run").read_events(type="cross_rank")
-    assert [e["step"] for e in events] == [1, 3]
-    assert events[0]["stragglers"] == [1]
-    # reference = the lower median of the ranks' compute medians (1.0 and 3.0) = 1.0, the
-    # faster rank (HealthConfig's one straggler definition)
-    assert events[0]["straggler_scores"] == {"0": 1.0, "1": 1.0 / 3.0}
+    assert published == [(1, [1.5, 0.5, 1.0]), (3, [2.5, 0.5, 2.0])]
     rows = _rows(tmp_path, "straggler_score", "tool_s")
-    assert rows[1]["straggler_score"] == 1.0 and rows[3]["straggler_score"] == 1.0
+    assert rows[1]["straggler_score"] == 2.0 and rows[3]["straggler_score"] == 2.0
     assert math.isnan(rows[0]["straggler_score"])
-    assert rows[2]["tool_s"] == 0.125  # the gather after step 1, billed to step 2
+    assert rows[2]["tool_s"] == 0.125  # the exchange after step 1, billed to step 2
+
+
+def test_cross_rank_through_the_run_directory_scores_a_slow_peer(tmp_path: Path) -> None:
+    clk = FakeClock()
+    s = _session(tmp_path, clk)
+    s.enable_cross_rank(world=2, every=2)
+    assert s.cross is not None
+    # rank 1, as its own process would publish (it reaches each step first): 3x the compute
+    peer = FileExchange(RunDir(tmp_path / "run"), 1, 2, lambda st, rows: {}, max_lag_steps=6)
+    for step in range(4):
+        if step % 2 == 1:
+            peer(step, [1.5 + step - 1, 0.5, 3.0 * step])
+        s.record(10.0 * step, 10.0 * step + 1.0 + step, phases={"data_wait": 0.5})
+        s.cross.exchange.join()  # rank 0's merge thread, for a fixed order
+    s.close()
+    events, _ = RunDir.open(tmp_path / "run").read_events(type="cross_rank")
+    assert [e["step"] for e in events] == [1, 3] and all(e["aligned"] for e in events)
+    assert events[0]["stragglers"] == [1]
+    # reference = the fastest rank's compute median (1.0): HealthConfig's one definition
+    assert events[0]["straggler_scores"] == {"0": 1.0, "1": 1.0 / 3.0}
 
 
 def test_single_rank_never_gathers(tmp_path: Path) -> None:
     s = _session(tmp_path, FakeClock())
-    s.enable_cross_rank(lambda m: [m], world=1, every=1)
+    s.enable_cross_rank(world=1, every=1)
     assert s.cross is None
     s.close()
 
@@ -201,7 +215,8 @@ def test_timed_communication_is_not_compute_for_the_straggler_score(tmp_path: Pa
     """A fast rank waits for a slow one in its all-reduce: that wait is comm, not compute."""
     s = _session(tmp_path, FakeClock())
     gathered: list[list[float]] = []
-    s.enable_cross_rank(lambda m: gathered.append(m) or [m, m], world=2, every=1)
+    s.enable_cross_rank(world=2, every=1,
+                        exchange=lambda step, m: gathered.append(list(m)) or None)
     s.record(0.0, 1.5, phases={"data_wait": 0.25, "comm": 0.75})
     s.close()
     assert gathered == [[1.5, 0.25, 0.5]]
@@ -212,12 +227,11 @@ def test_loss_memory_and_cross_rank_together_with_exact_numbers(tmp_path: Path) 
     clk = FakeClock()
     gathered: list[list[float]] = []
 
-    def gather(values: list[float]) -> list[list[float]]:  # rank 1 twice as slow
-        gathered.append(values)
-        return [values, [2 * v for v in values]]
+    def exchange(step: int, values: Sequence[float]) -> None:
+        gathered.append(list(values))
 
     s = _session(tmp_path, clk, loss_source="the loop", mem_probe=lambda: (100.0, 50.0))
-    s.enable_cross_rank(gather, world=2, every=2)
+    s.enable_cross_rank(world=2, every=2, exchange=exchange)
     for loss in [2.0, None, 1.5, 1.4]:
         s.begin(wait_s=0.25)  # e.g. measured by wrap_loader
         s.count(64, 4)
@@ -233,6 +247,5 @@ def test_loss_memory_and_cross_rank_together_with_exact_numbers(tmp_path: Path) 
     # compute = 1.25 step - 0.25 wait - 0.5 comm
     assert gathered == [[1.25, 0.25, 0.5], [1.25, 0.25, 0.5]]
     events, _ = RunDir(tmp_path / "run").read_events()
-    assert [e["type"] for e in events] == ["finding", "cross_rank", "cross_rank"]
+    assert [e["type"] for e in events] == ["finding"]  # the exchange's events: its own tests
     assert events[0]["message"].startswith("no loss recorded: the loop at step 1 held no loss")
-    assert events[2]["straggler_scores"] == {"0": 1.0, "1": 0.5} and events[2]["step"] == 3

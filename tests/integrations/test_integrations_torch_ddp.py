@@ -51,7 +51,9 @@ def test_torchrun_ddp_per_rank_tables(tmp_path):
         assert t["tokens"].tolist() == [16 * 64.0] * 12  # per rank: 16 samples x 64 tokens
         # bucket_cap_mb=0.25 splits the 2.4 MB of gradients into several buckets
         assert (t["comm_buckets"][1:] >= 2).all()
-        assert np.isfinite(t["straggler_score"][[4, 9]]).all()
+        # each rank logs its score from the latest published view: the first exchange's
+        # view is merged while training goes on, so it shows at the second (step 9)
+        assert np.isfinite(t["straggler_score"][9])
     # DDP averages gradients: both ranks see the same global gradient norm
     assert np.allclose(table.rank(0)["grad_norm"], table.rank(1)["grad_norm"], rtol=1e-5)
     meta = run.read_meta()

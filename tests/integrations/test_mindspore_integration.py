@@ -177,9 +177,14 @@ def test_msrun_two_workers(tmp_path: Path) -> None:
     # all-reduce ("comm", not compute). Timings on this shared 2-core machine are noisy, so
     # the check is the ordering, not the threshold (with two ranks the reference is the
     # faster rank, scored 1.0: flagging needs rank 1 > 1.25x rank 0).
+    # Since the cross-rank view stopped being a collective (issue 12: it deadlocked uneven
+    # jobs), nothing re-synchronises the ranks every 4 steps, and on this loaded machine
+    # where rank 0's wait for rank 1 lands (comm or the next compute) varies: the check is
+    # the exchange itself -- both ranks' windows of the same step, scored.
     for g in gathers:
-        assert g["ranks"] == 2 and set(g["stragglers"]) <= {1}
-        assert g["straggler_scores"]["1"] < 1.0 == g["straggler_scores"]["0"]
+        assert g["ranks"] == 2 and g["aligned"] is True
+        assert set(g["straggler_scores"]) == {"0", "1"}
+        assert max(g["straggler_scores"].values()) == 1.0
     tables = _profile(run_dir)  # both ranks' profiles under one timestamped directory
     assert [int(t.rank[0]) for t in tables] == [0, 1]
     for t in tables:
@@ -216,8 +221,8 @@ def test_msrun_model_train(tmp_path: Path) -> None:
     for t in tables:
         names = np.asarray(t.names, dtype=object)[_ops(t).name]
         comm = names[_ops(t).kind == EVENT_KINDS.index("comm")]
-        # gradient all-reduces, and stepscope's own cross-rank AllGather after step 1
-        assert {n.split("/")[-1].split("-")[0] for n in comm} == {"AllReduce", "AllGather"}
+        # only the gradient all-reduces: stepscope's cross-rank view is no collective
+        assert {n.split("/")[-1].split("-")[0] for n in comm} == {"AllReduce"}
         assert sum("grad_reducer" in n for n in comm) >= 2
     assert _report_json(run_dir)["steps"] == 6
 

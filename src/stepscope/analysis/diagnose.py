@@ -30,7 +30,8 @@ from .health.check import HealthConfig, check_health
 from .isolation import ISOLATION_EVENT, IsolationResult, isolation_finding
 from .summary import steady_mask
 
-__all__ = ["Diagnosis", "diagnose", "PERFORMANCE_CATEGORIES", "trace_findings"]
+__all__ = ["Diagnosis", "diagnose", "PERFORMANCE_CATEGORIES", "trace_findings", "records_lost",
+           "WRITE_ERROR_EVENT"]
 
 # Categories that say where the time goes (candidates for "bottleneck").
 PERFORMANCE_CATEGORIES: tuple[str, ...] = (
@@ -74,7 +75,8 @@ def _gather_stragglers(ev: Mapping[str, Any], cfg: HealthConfig) -> list[int]:
             return cfg.stragglers({int(r): float(s) for r, s in scores.items()})
         except (TypeError, ValueError):
             pass
-    return [int(r) for r in ev.get("stragglers") or []]
+    return [r for r in ev.get("stragglers") or []
+            if isinstance(r, int) and not isinstance(r, bool)]
 
 
 def _event_findings(events: Sequence[Mapping[str, Any]], n_ranks: int,
@@ -100,7 +102,7 @@ def _event_findings(events: Sequence[Mapping[str, Any]], n_ranks: int,
                     confidence=float(ev.get("confidence", 1.0)), rule=str(ev.get("rule", ""))))
             except (ValueError, TypeError):
                 continue
-        elif kind == "cross_rank":
+        elif kind == "cross_rank" and isinstance(ev.get("stragglers") or [], list):
             gathers += 1
             for r in _gather_stragglers(ev, cfg):
                 stragglers[r] = stragglers.get(r, 0) + 1
@@ -114,6 +116,56 @@ def _event_findings(events: Sequence[Mapping[str, Any]], n_ranks: int,
                 rule="events.cross_rank",
                 recommendation=f"Compare rank {r}'s profile with another rank's"))
     return out
+
+
+WRITE_ERROR_EVENT = "write_error"
+
+
+def records_lost(meta: RunMeta | None, events: Sequence[Mapping[str, Any]]
+                 ) -> tuple[int, str | None]:
+    """(step records lost to write errors, the first error) over all ranks.
+
+    Each rank that dropped records appends a ``write_error`` event (cumulative count, so
+    the latest per rank counts); rank 0 also writes its count into run.json
+    (``config.records_dropped``), which survives a disk too full for events.jsonl.
+    """
+    per_rank: dict[int, int] = {}
+    first: str | None = None
+    for ev in events:
+        n, r = _count(ev.get("records_dropped")), _count(ev.get("rank"))
+        if ev.get("type") != WRITE_ERROR_EVENT or n is None or r is None:
+            continue
+        per_rank[r] = max(per_rank.get(r, 0), n)
+        first = first or (str(ev["first_error"]) if ev.get("first_error") else None)
+    config = meta.config if meta is not None else {}
+    n0 = _count(config.get("records_dropped"))
+    if n0 is not None:
+        per_rank[0] = max(per_rank.get(0, 0), n0)
+    if first is None and isinstance(config.get("degraded"), str):
+        first = config["degraded"]
+    return sum(per_rank.values()), first
+
+
+def _count(v: Any) -> int | None:
+    """``v`` if it is a count (a non-negative int, not a bool), else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _loss_finding(meta: RunMeta | None, events: Sequence[Mapping[str, Any]]
+                  ) -> Finding | None:
+    lost, first = records_lost(meta, events)
+    if not lost:
+        return None
+    return Finding(
+        category="logging", severity="warning",
+        message=(f"{lost} records lost to a write error"
+                 + (f" ({first})" if first else "")
+                 + "; the figures cover only the recorded steps, and missing steps are "
+                   "not a stall"),
+        evidence={"records_lost": lost, "first_error": first}, confidence=1.0,
+        rule="store.write_error",
+        recommendation="Free space on (or give write access to) the run directory's disk, "
+                       "or pass --out on another disk")
 
 
 def _trace_pcts(row: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -261,6 +313,9 @@ def diagnose(table: StepTable, meta: RunMeta | None = None,
     cfg = config or HealthConfig()
     findings = check_health(table, meta, cfg, now_wall_s=now_wall_s)
     findings += _event_findings(events or [], len(table.ranks()) if len(table) else 0, cfg)
+    loss = _loss_finding(meta, events or [])
+    if loss is not None:
+        findings.append(loss)
     if trace_report:
         findings += trace_findings(trace_report, cfg)
     _reconcile(findings, table)

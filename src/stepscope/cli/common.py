@@ -7,6 +7,7 @@ step records, with one message when a command needs steps and the run has none.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,9 @@ import orjson
 
 from ..errors import StepscopeError
 from ..schema import RunMeta, StepTable
-from ..store import ReadStats, RunDir
+from ..store import EVENTS_JSONL, STEPS_DIR, ReadStats, RunDir
 
-__all__ = ["emit_json", "RunSteps", "load_steps"]
+__all__ = ["emit_json", "RunSteps", "load_steps", "no_records_error", "note_event_problems"]
 
 
 def emit_json(obj: Any, *, one_line: bool = False) -> None:
@@ -55,8 +56,35 @@ def load_steps(path: str | Path, *, require: bool = True) -> RunSteps:
     meta = run.read_meta()
     table, stats = run.read_steps()
     if require and not len(table):
-        raise StepscopeError(
-            f"{run.path} has no step records ({stats.files} step file(s), {stats.skipped} "
-            "unreadable record(s)); record steps with stepscope.Recorder or run the "
-            "training script under `stepscope run` (it must call optimizer.step())")
+        raise no_records_error(run, stats)
     return RunSteps(run, meta, table, stats)
+
+
+def no_records_error(run: RunDir, stats: ReadStats) -> StepscopeError:
+    """Why a run has no readable step records, as the one-line error the CLI prints."""
+    steps = run.path / STEPS_DIR
+    try:
+        os.listdir(steps)
+    except FileNotFoundError:
+        return StepscopeError(f"{run.path} has no {STEPS_DIR}/ directory: no step was "
+                              "recorded; record steps with stepscope.Recorder or run the "
+                              "training script under `stepscope run`")
+    except OSError as exc:
+        return StepscopeError(f"cannot read {steps}: {exc.strerror}; give this user read "
+                              "access to the run directory")
+    if stats.skipped:
+        return StepscopeError(f"{run.path} has no readable step records: {stats.skipped} "
+                              f"unreadable record(s) in {stats.files} file(s), first: "
+                              f"{stats.problems[0] if stats.problems else '?'}")
+    return StepscopeError(
+        f"{run.path} has no step records ({stats.files} step file(s)); record steps with "
+        "stepscope.Recorder or run the training script under `stepscope run` (it must "
+        "call optimizer.step())")
+
+
+def note_event_problems(stats: ReadStats) -> None:
+    """One stderr line when events.jsonl had records that could not be read."""
+    if stats.skipped:
+        first = f"; first: {stats.problems[0]}" if stats.problems else ""
+        sys.stderr.write(f"stepscope: note: {stats.skipped} corrupt record(s) in "
+                         f"{EVENTS_JSONL} skipped{first}\n")

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from ..analysis.diagnose import Diagnosis, diagnose
+from ..analysis.diagnose import Diagnosis, diagnose, records_lost
 from ..analysis.isolation import (
     ISOLATION_EVENT,
     IsolationResult,
@@ -31,7 +31,7 @@ from ..errors import StepscopeError
 from ..schema import StepTable
 from ..store import RunDir, utc_stamp
 from . import cli
-from .common import emit_json, load_steps
+from .common import emit_json, load_steps, no_records_error, note_event_problems
 
 _MARK = {"critical": "!!", "warning": "! ", "info": "  "}
 # Child-environment switches understood by `stepscope run` (integrations/torch_auto.py).
@@ -49,8 +49,11 @@ def _trace_report(path: Path) -> Mapping[str, Any]:
     return analyze(read_trace(path)).to_dict()
 
 
-def _render(d: Diagnosis, run: Path) -> None:
+def _render(d: Diagnosis, run: Path, lost: int) -> None:
     click.echo(f"diagnosis of {run}")
+    if lost:
+        click.echo(f"note: {lost} records lost to a write error; the findings cover only "
+                   "the recorded steps")
     click.echo(f"bottleneck: {d.bottleneck or 'none found'}")
     if not d.findings:
         click.echo("no findings")
@@ -74,9 +77,14 @@ def _render(d: Diagnosis, run: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     """Ranked findings, the bottleneck and the next experiment for run directory RUN."""
-    loaded = load_steps(run, require=False)  # a run that has not stepped yet is diagnosed too
+    loaded = load_steps(run, require=False)
     rd, meta, table, stats = loaded.run, loaded.meta, loaded.table, loaded.stats
-    events, _ = rd.read_events()
+    # A live run that has not stepped yet is diagnosed (a stall at start-up); a finished
+    # one, or one whose records are all unreadable, has nothing to diagnose: exit 2.
+    if not len(table) and (meta.status != "running" or loaded.stats.skipped):
+        raise no_records_error(rd, loaded.stats)
+    events, ev_stats = rd.read_events()
+    note_event_problems(ev_stats)
     report = None
     if trace is not None:
         if not trace.exists():
@@ -95,7 +103,7 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
         emit_json({**d.to_dict(), "read": {**stats.to_dict(),
                                            "meta_problems": rd.meta_problems}})
     else:
-        _render(d, run)
+        _render(d, run, records_lost(meta, events)[0])
         if stats.summary():
             click.echo(stats.summary())
 

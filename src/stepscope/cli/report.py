@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import click
 
+from ..analysis.diagnose import records_lost
+from ..errors import StepscopeError
 from . import cli
 from .common import emit_json
-from .sheet import load_run, sheet_json, write_html
+from .sheet import LoadedRun, load_run, sheet_json, write_html
 
 # emit_json is re-exported: cli/calc.py imported it from here before cli/common.py existed.
 __all__ = ["emit_json"]
+
+
+def _html_somewhere(loaded: LoadedRun, out: Path | None) -> tuple[Path | None, str | None]:
+    """(where the HTML went, a note). RUN/report.html, or beside the temp files when RUN
+    is read-only; an explicit ``--html`` that fails is an error (raised by write_html)."""
+    if out is not None:
+        return write_html(loaded, out), None
+    try:
+        return write_html(loaded), None
+    except StepscopeError as exc:
+        spare = Path(tempfile.gettempdir()) / f"stepscope-report-{loaded.meta.run_id}.html"
+        try:
+            return write_html(loaded, spare), f"{exc}; wrote it to {spare} instead"
+        except StepscopeError as exc2:
+            return None, f"{exc}; {exc2}; no HTML report written (pass --html FILE)"
 
 
 @cli.command("report")
@@ -23,13 +41,18 @@ __all__ = ["emit_json"]
 def report_cmd(run: Path, html_out: Path | None, as_json: bool, no_html: bool) -> None:
     """Print the health-check sheet of RUN (a run directory)."""
     loaded = load_run(run)
-    html_path = None if no_html and html_out is None else write_html(loaded, html_out)
+    html_path, html_note = None, None
+    if not (no_html and html_out is None):
+        html_path, html_note = _html_somewhere(loaded, html_out)
+    if html_note:
+        click.echo(f"stepscope: note: {html_note}", err=True)
     if as_json:
         d = sheet_json(loaded)
         d["html"] = str(html_path) if html_path else None
         emit_json(d)
         return
     from rich.console import Console
+    from rich.text import Text
 
     from ..report.terminal import render_sheet
 
@@ -37,5 +60,9 @@ def report_cmd(run: Path, html_out: Path | None, as_json: bool, no_html: bool) -
     render_sheet(console, loaded.sheet, loaded.meta, loaded.findings)
     if loaded.stats.summary():
         console.print(loaded.stats.summary(), style="yellow", markup=False)
+    lost, first = records_lost(loaded.meta, loaded.events)
+    if lost:
+        console.print(Text(f"{lost} records lost to a write error"
+                           + (f" ({first})" if first else ""), style="yellow"))
     if html_path:
-        console.print(f"HTML report: {html_path}")
+        console.print(Text(f"HTML report: {html_path}"))

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from ..supervise import DEFAULT_GRACE_S
 from . import cli
 from .common import emit_json
 
@@ -23,7 +24,8 @@ from .common import emit_json
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Run directory (default: runs/<name>-<UTC timestamp>).")
+              help="Run directory (default: runs/<name>-<UTC timestamp>). A directory that "
+                   "already holds a run is refused (exit 2): a run is never overwritten.")
 @click.option("--name", default="", help="Run name stored in run.json.")
 @click.option("--profile-steps", default=None, metavar="A:B",
               help="Capture a torch.profiler trace of steps A..B, both ends included (the "
@@ -37,15 +39,22 @@ from .common import emit_json
               help="Samples per step per rank, when the batch does not show them.")
 @click.option("--cross-rank-every", type=int, default=None,
               help="Steps between cross-rank gathers (default 20; 0 = off).")
+@click.option("--grace-s", type=click.FloatRange(min=0), default=DEFAULT_GRACE_S,
+              show_default=True,
+              help="After forwarding SIGINT/SIGTERM/SIGHUP/SIGQUIT, seconds the command gets "
+                   "to exit before it is killed (the schedulers' usual grace).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: int,
             tokens_per_step: float | None, samples_per_step: float | None,
-            cross_rank_every: int | None, as_json: bool, command: tuple[str, ...]) -> None:
+            cross_rank_every: int | None, grace_s: float, as_json: bool,
+            command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with per-step recording of every rank.
 
     Works with `-- python train.py ...` and `-- torchrun ... train.py ...`; the script is
-    not modified. Exits with the command's exit status.
+    not modified. COMMAND runs in its own process group; SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+    SIGUSR1 and SIGUSR2 sent to stepscope are forwarded to it. Exits with the command's
+    exit status (128 + N when signal N ended it).
     """
     from ..launch import launch
 
@@ -58,7 +67,8 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
         env["STEPSCOPE_SAMPLES_PER_STEP"] = repr(samples_per_step)
     if cross_rank_every is not None:
         env["STEPSCOPE_CROSS_RANK_EVERY"] = str(cross_rank_every)
-    outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env)
+    outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env,
+                     grace_s=grace_s)
     if outcome.profile_dir is not None:  # analysed here: never in the launcher or trainer
         outcome.profile_analysis = _analyze_profile(outcome.run_dir, outcome.profile_dir,
                                                     profile_steps)

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..analysis.diagnose import diagnose
+from ..analysis.diagnose import diagnose, records_lost
 from ..analysis.findings import Finding, severity_rank
 from ..analysis.summary import Sheet, summarize
 from ..report.html import render_html
 from ..schema import RunMeta, StepTable
 from ..store import ReadStats, RunDir
-from .common import load_steps
+from .common import load_steps, note_event_problems
 
 __all__ = ["LoadedRun", "load_run", "write_html", "sheet_json"]
 
@@ -31,7 +31,8 @@ class LoadedRun:
 def load_run(path: str | Path) -> LoadedRun:
     """Open, read and analyse a run directory (raises StepscopeError on bad input)."""
     rs = load_steps(path)
-    events, _ = rs.run.read_events()
+    events, ev_stats = rs.run.read_events()
+    note_event_problems(ev_stats)
     sheet = summarize(rs.table, rs.meta, skipped_records=rs.stats.skipped)
     result = diagnose(rs.table, rs.meta, events=events)
     findings = sorted(result.findings, key=lambda f: severity_rank(f.severity))
@@ -53,4 +54,5 @@ def sheet_json(loaded: LoadedRun) -> dict[str, Any]:
     d["findings"] = [f.to_dict() for f in loaded.findings]
     d["read_problems"] = loaded.stats.problems
     d["read"] = {**loaded.stats.to_dict(), "meta_problems": loaded.run.meta_problems}
+    d["records_lost"], d["write_error"] = records_lost(loaded.meta, loaded.events)
     return d

@@ -51,7 +51,7 @@ def _layer_table(title: str, rows: Sequence[tuple[str, str, str]]) -> Table:
     t.add_column("value", justify="right", min_width=14)
     t.add_column("where measured", style="dim")
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*map(Text, r))  # Text, not markup: a value may hold "[...]"
     return t
 
 
@@ -123,8 +123,8 @@ def _findings_table(findings: Sequence[Finding], limit: int) -> Table | Text:
     t.add_column("finding")
     t.add_column("next step", style="dim")
     for f in list(findings)[:limit]:
-        t.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), f.category,
-                  f.message, f.recommendation)
+        t.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), Text(f.category),
+                  Text(f.message), Text(f.recommendation, style="dim"))
     return t
 
 
@@ -151,4 +151,4 @@ def render_sheet(console: Console, sheet: Sheet, meta: RunMeta | None,
         console.print(f"[yellow]{sheet.skipped_records} corrupt or torn record(s) skipped"
                       "[/yellow]")
     for note in sheet.notes:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(Text(f"note: {note}", style="dim"))

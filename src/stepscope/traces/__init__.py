@@ -79,6 +79,10 @@ def detect_format(path: str | Path) -> str:
         return "kineto"
     if p.is_dir() and trace_files(p):
         return "kineto"
+    if p.is_file() and kineto.truncated_gzip(p):
+        raise TraceFormatError(f"{p}: truncated gzip file (the compressed stream ends early: "
+                               "the copy or the profiler's write was cut off); copy it again "
+                               "or capture a new trace")
     raise TraceFormatError(
         f"{p}: not a recognised profiler trace; expected a PyTorch profiler (Kineto) trace "
         "(.json/.json.gz with 'traceEvents'), a directory holding such files, or a MindSpore "
@@ -88,8 +92,11 @@ def detect_format(path: str | Path) -> str:
 def trace_files(directory: Path) -> list[Path]:
     """Kineto trace files directly in ``directory`` (else one level down), sorted by name."""
     def scan(d: Path) -> list[Path]:
+        # A truncated .json.gz is kept so that it is reported (skipped with a warning),
+        # not silently left out of a rank's analysis.
         return [f for f in _children(d) if f.is_file()
-                and f.name.lower().endswith(_KINETO_SUFFIXES) and kineto.looks_like(f)]
+                and f.name.lower().endswith(_KINETO_SUFFIXES)
+                and (kineto.looks_like(f) or kineto.truncated_gzip(f))]
     found = scan(directory)
     if not found:
         for sub in _children(directory):
@@ -161,14 +168,32 @@ def read_trace(path_or_paths: str | Path | Sequence[str | Path], *,
     return sorted(tables, key=lambda t: int(t.meta.get("rank", 0)))
 
 
+def _read_or_error(path: Path) -> EventTable | TraceFormatError:
+    try:
+        return kineto.read(path)
+    except TraceFormatError as exc:
+        return exc
+
+
 def _read_kineto_files(files: list[Path], processes: int | None) -> list[EventTable]:
+    """One table per readable file. A bad rank file (truncated, corrupt) is skipped and
+    named in the first table's ``meta["skipped_files"]`` (the breakdown warns about it)
+    while the other ranks are analysed; if every file is bad, the first error is raised."""
     workers = min(len(files), processes or os.cpu_count() or 1)
     big = sum(_size(f) for f in files) >= _PARALLEL_MIN_BYTES * len(files)
     if workers <= 1 or len(files) < 2 or (processes is None and not big):
-        return [kineto.read(f) for f in files]
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        return list(pool.map(kineto.read, files))
+        results = [_read_or_error(f) for f in files]
+    else:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            results = list(pool.map(_read_or_error, files))
+    tables = [r for r in results if isinstance(r, EventTable)]
+    errors = [r for r in results if isinstance(r, TraceFormatError)]
+    if errors and not tables:
+        raise errors[0]
+    if errors:
+        tables[0].meta.setdefault("skipped_files", []).extend(str(e) for e in errors)
+    return tables
 
 
 def _size(p: Path) -> int:

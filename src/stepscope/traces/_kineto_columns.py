@@ -24,6 +24,9 @@ _EMPTY: dict[str, Any] = {}
 _STEP_NUM_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 _RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _INT64_MAX = 2**63 - 1
+# Longest plausible event: 1e11 µs = 27.8 h, beyond any profiler capture window (a
+# capture is a few steps; a whole run's trace is hours). Larger is corruption (1e300).
+MAX_DUR_US = 1e11
 
 
 class _FieldLike(Protocol):
@@ -224,6 +227,11 @@ class _Accumulator:
         ok = np.isfinite(ts) & np.isfinite(dur)
         if not ok.all():
             self.meta["skipped_events"] += int((~ok).sum())
+        bad = ok & ((dur < 0) | (dur > MAX_DUR_US))
+        if bad.any():  # a negative or absurd duration would poison every share and total
+            self.meta["rejected_durations"] = int(bad.sum())
+            ok &= ~bad
+        if not ok.all():
             ts, dur, name, cat, tid, hstream, corr, coll = (
                 c[ok] for c in (ts, dur, name, cat, tid, hstream, corr, coll))
         names = list(self.names)

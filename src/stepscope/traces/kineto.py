@@ -141,6 +141,22 @@ def looks_like(path: Path) -> bool:
     return b'"traceEvents"' in head or (head.lstrip()[:1] == b"[" and b'"ph"' in head)
 
 
+def truncated_gzip(path: Path) -> bool:
+    """True when ``path`` is gzip data whose stream ends before its end marker."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) != b"\x1f\x8b":
+                return False
+        with gzip.open(path, "rb") as gz:
+            while gz.read(1 << 20):
+                pass
+    except EOFError:
+        return True
+    except (OSError, gzip.BadGzipFile):
+        return False
+    return False
+
+
 def read(path: Path) -> EventTable:
     """Read one Kineto trace file (``.json`` or ``.json.gz``) into an EventTable.
 
@@ -164,7 +180,11 @@ def read(path: Path) -> EventTable:
         return acc.finish()
     except TraceFormatError:
         raise
-    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+    except EOFError as exc:
+        raise TraceFormatError(
+            f"{path}: truncated gzip file ({exc}): the copy or the profiler's write was cut "
+            "off; copy it again or capture a new trace") from exc
+    except (OSError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
         raise TraceFormatError(
             f"{path}: could not read the file ({exc}); expected a PyTorch profiler trace "
             "(.json or .json.gz). Check that the file is complete and readable.") from exc

@@ -140,6 +140,9 @@ def rule_stall(ctx: HealthContext) -> list[Finding]:
         limit = max(cfg.stall_factor * med, cfg.stall_min_s)
         # stepscope's own time before a step (profiler start/stop, gathers) is not a stall
         gap = np.diff(end) - np.nan_to_num(tool[1:], nan=0.0)
+        # Records missing between two steps (lost to a write error) are no evidence of a
+        # stall: only consecutive steps are judged.
+        gap[np.diff(steps) != 1] = 0.0
         i = int(np.argmax(gap))
         if gap[i] >= limit and (worst is None or gap[i] > worst[0]):
             worst = (float(gap[i]), r, int(steps[i]), int(steps[i + 1]), med,

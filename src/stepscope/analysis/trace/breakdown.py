@@ -223,6 +223,10 @@ def _rank_warnings(rank: int, t: EventTable, rep: RankReport) -> list[str]:
     if t.meta.get("skipped_events"):
         out.append(f"rank {rank}: {t.meta['skipped_events']} events without a usable "
                    "ts/dur were skipped")
+    if t.meta.get("rejected_durations"):
+        out.append(f"rank {rank}: {t.meta['rejected_durations']} events with a negative or "
+                   "implausible duration (over 1e11 us) were rejected")
+    out.extend(f"skipped {w}" for w in t.meta.get("skipped_files") or [])
     return out
 
 

@@ -26,7 +26,7 @@ loss-scale manager or ``mindspore.amp.DynamicLossScaler``), gradient norm (custo
 where the gradients are at hand), process peak RSS. ``Model.train`` runs forward, backward
 and update as one compiled graph, so only the profiler can split them (``profile_steps``);
 ``value_and_grad`` fuses forward and backward, so custom loops record ``forward_backward_s``.
-Cross-rank medians are gathered with ``mindspore.ops.AllGather`` every N steps
+Cross-rank medians are exchanged through the run directory every N steps
 (see ``crossrank``). Importing this module imports MindSpore (the callback subclasses
 ``mindspore.train.Callback``); ``import stepscope`` never does.
 """
@@ -48,7 +48,6 @@ from ...session import StepSession
 from ..common.losscheck import find_loss
 from .probes import (
     MEM_SOURCE,
-    all_gather,
     batch_counts,
     device_info,
     environment,
@@ -79,7 +78,7 @@ def _session(run_dir: str | os.PathLike[str], meta: dict[str, Any],
     capture = ProfileCapture(rec.run, profile_steps, r, world) if profile_steps else None
     s = StepSession(rec, loss_source=loss_source, capture=capture,
                     mem_probe=process_memory_bytes)
-    s.enable_cross_rank(all_gather, world=world, every=every)
+    s.enable_cross_rank(world=world, every=every)  # through the run dir, no AllGather
     return s
 
 

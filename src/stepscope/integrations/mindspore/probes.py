@@ -18,14 +18,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import mindspore as ms
-import numpy as np
 
 from ...calc import hardware
 from ...envinfo import code_version, cpu_model_name, cpu_peak_here, host_environment
 
 __all__ = [
     "environment", "device_info", "model_fingerprint", "optimizer_lr", "loss_scale",
-    "grad_norm", "batch_counts", "rank_and_world", "to_float", "peak_flops", "all_gather",
+    "grad_norm", "batch_counts", "rank_and_world", "to_float", "peak_flops",
     "MEM_SOURCE",
 ]
 
@@ -151,7 +150,3 @@ def batch_counts(batch: Any, tokens_per_sample: float | None = None) -> tuple[fl
     return (float(math.prod(shape)) if len(shape) == 2 and is_int else math.nan), samples
 
 
-def all_gather(values: list[float]) -> list[list[float]]:
-    """Every rank's ``values`` (float32), gathered with ``mindspore.ops.AllGather``."""
-    out = ms.ops.AllGather()(ms.Tensor(np.asarray([values], dtype=np.float32)))
-    return [list(map(float, r)) for r in out.asnumpy()]

@@ -12,11 +12,11 @@ Three pieces, all fed to :mod:`stepscope.integrations.torch.auto` (``stepscope r
 * Pure functions over those intervals: :func:`union_s` (communication wall time),
   :func:`exposed_after` (time not hidden behind backward compute) and
   :func:`wait_transfer` (how much of a bucket's time was waiting for the slowest rank).
-* Cross-rank view: every N steps the core's session gathers per-rank medians with
-  :func:`all_gather_rows` (one ``all_gather`` of a small float tensor, built by
-  :func:`cross_vector`); :func:`cross_rank_summary` scores them with the framework-free
-  ``common.crossrank`` (same ``cross_rank`` event as the MindSpore adapter) and adds the
-  DDP wait/transfer split.
+* Cross-rank view: every N steps each rank publishes its medians and bucket marks
+  (:func:`cross_vector`) through the run directory, never a collective (the core's
+  session and ``common.crossrank.FileExchange``); :func:`cross_rank_summary` scores them
+  with the framework-free ``common.crossrank`` (same ``cross_rank`` event as the
+  MindSpore adapter) and adds the DDP wait/transfer split.
 
 Example::
 
@@ -34,12 +34,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..common.crossrank import cross_rank_event
+from ..common.crossrank import Rows, as_rows, cross_rank_event
 
 __all__ = [
     "CommStep",
     "CommTimer",
-    "all_gather_rows",
+    "ALIGNED_ONLY",
     "cross_vector",
     "exposed_after",
     "patch_collectives",
@@ -65,6 +65,9 @@ COLLECTIVES: dict[str, str] = {
 # Most buckets kept per step for the cross-rank wait/transfer split (DDP's default 25 MB
 # buckets give a few dozen buckets even for multi-billion-parameter models).
 MAX_BUCKETS = 64
+# Fields of the cross_rank event that compare one step across ranks (bucket marks of one
+# step): kept only when every rank's vector is of the same step.
+ALIGNED_ONLY: tuple[str, ...] = ("comm_wait_s", "comm_transfer_s", "comm_split")
 
 
 # -- pure functions over intervals --------------------------------------------------------
@@ -353,37 +356,22 @@ def cross_vector(medians: Sequence[float], launch: Sequence[float], done: Sequen
     return list(medians) + lv + dv + [host_id]
 
 
-def all_gather_rows(torch: Any, timer: CommTimer | None, vector: Sequence[float]
-                    ) -> list[list[float]]:
-    """Every rank's ``vector`` with one ``all_gather`` (a collective: all ranks call it)."""
-    dist = torch.distributed
-    device = "cpu"
-    if dist.get_backend() == "nccl":
-        device = f"cuda:{torch.cuda.current_device()}"
-    # float64: epoch seconds need ~1e-6 s resolution, which float32 cannot hold.
-    mine = torch.tensor(list(vector), dtype=torch.float64, device=device)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    if timer is not None:
-        timer.bypass = True  # stepscope's own collective is not the training's comm
-    try:
-        dist.all_gather(parts, mine)
-    finally:
-        if timer is not None:
-            timer.bypass = False
-    return [p.cpu().tolist() for p in parts]
-
-
-def cross_rank_summary(step: int, rows: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """The ``cross_rank`` event from the gathered vectors (pure; see :func:`cross_vector`).
+def cross_rank_summary(step: int, rows: Rows) -> dict[str, Any]:
+    """The ``cross_rank`` event from the ranks' vectors (pure; see :func:`cross_vector`).
 
     Medians and straggler scores as :func:`.crossrank.cross_rank_event` builds them for
-    every framework, scored on compute time; plus the DDP wait/transfer split.
+    every framework, scored on compute time; plus the DDP wait/transfer split (which the
+    exchange drops, :data:`ALIGNED_ONLY`, unless every rank's vector is of one step).
     """
     nf = len(CROSS_FIELDS)
-    out = cross_rank_event(step, CROSS_FIELDS, [row[:nf] for row in rows], "compute_s")
-    launch = [row[nf:nf + MAX_BUCKETS] for row in rows]
-    done = [row[nf + MAX_BUCKETS:nf + 2 * MAX_BUCKETS] for row in rows]
-    hosts = {row[-1] for row in rows}
+    by_rank = dict(sorted(as_rows(rows).items()))
+    ranks = list(by_rank)
+    vecs = list(by_rank.values())
+    out = cross_rank_event(step, CROSS_FIELDS, {r: v[:nf] for r, v in by_rank.items()},
+                           "compute_s")
+    launch = [row[nf:nf + MAX_BUCKETS] for row in vecs]
+    done = [row[nf + MAX_BUCKETS:nf + 2 * MAX_BUCKETS] for row in vecs]
+    hosts = {row[-1] for row in vecs}
     if all(math.isnan(v) for v in launch[0]):
         out["comm_split"] = "not separated: no DDP bucket timings in the sampled step"
     elif len(hosts) > 1:
@@ -391,8 +379,8 @@ def cross_rank_summary(step: int, rows: Sequence[Sequence[float]]) -> dict[str, 
                              "are not known to agree")
     else:
         wait, transfer = wait_transfer(launch, done)
-        out["comm_wait_s"] = {str(r): v for r, v in enumerate(wait)}
-        out["comm_transfer_s"] = {str(r): v for r, v in enumerate(transfer)}
+        out["comm_wait_s"] = {str(r): v for r, v in zip(ranks, wait, strict=True)}
+        out["comm_transfer_s"] = {str(r): v for r, v in zip(ranks, transfer, strict=True)}
         out["comm_split"] = ("per bucket: wait = last rank's launch - own launch, transfer = "
                              "done - last launch (same host, one clock)")
     return out

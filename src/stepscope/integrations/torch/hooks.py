@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import atexit
 import functools
-import os
-import signal
 import sys
-import threading
 from typing import Any
 
 import torch
 
+from ...sigterm import install_sigterm_finaliser
 from . import ddp, meta
 from .replay import Replay
 from .settings import Settings
@@ -305,23 +303,11 @@ def on_sigterm(st: AutoState) -> None:
     """Close the records (status failed) on SIGTERM, then die of it as before.
 
     torchrun ends the surviving workers with SIGTERM when one fails; without this their
-    last half second of records (the writer's flush interval) would be lost. Installed
-    only over the default handler, and only from the main thread (a script's own SIGTERM
-    handling is left alone).
+    last half second of records (the writer's flush interval) would be lost. A worker
+    blocked in a collective still dies at once (:mod:`stepscope.sigterm`: the close runs
+    from a thread); a script's own SIGTERM handling is left alone.
     """
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        try:
-            st.close("failed", "terminated by SIGTERM")
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, handler)
+    install_sigterm_finaliser(lambda: st.close("failed", "terminated by SIGTERM"))
 
 
 def _exit_hooks(st: AutoState) -> None:

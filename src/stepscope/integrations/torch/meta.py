@@ -5,8 +5,8 @@
   written to run.json by rank 0 after the first step.
 * Every ``STEPSCOPE_CROSS_RANK_EVERY`` steps the ranks exchange medians
   through the core session's window (:meth:`~stepscope.session.StepSession.cross_rank`,
-  gathered with :func:`.ddp.all_gather_rows`); rank 0 appends a ``cross_rank`` event to
-  events.jsonl and every rank logs its straggler score on the step.
+  published in the run directory, not a collective); rank 0 appends a ``cross_rank``
+  event to events.jsonl and every rank logs its straggler score on the step.
 * ``STEPSCOPE_PROFILE_STEPS`` drives a ``torch.profiler`` capture; ``STEPSCOPE_MAX_STEPS``
   stops the script.
 * At exit, what was expected but never seen (no optimizer step, no loss, no DataLoader)
@@ -20,7 +20,6 @@ import socket
 import sys
 import time
 import zlib
-from collections.abc import Sequence
 from typing import Any
 
 from ...analysis.findings import Finding
@@ -195,23 +194,21 @@ def _start_cross_rank(st: AutoState) -> None:
     host = float(zlib.crc32(socket.gethostname().encode()))
     every = st.settings.cross_rank_every
 
-    def gather(medians: list[float]) -> list[list[float]]:
+    def vector(medians: list[float]) -> list[float]:
         comm = st.last_comm
         # Bucket wall marks are host readings; on CUDA they are launch/callback times, not
         # device times, so the wait/transfer split is not attempted there.
         launch = comm.bucket_launch_wall if comm is not None and not st.cuda else []
         done = comm.bucket_done_wall if comm is not None and not st.cuda else []
-        return ddp.all_gather_rows(st.torch, st.comm,
-                                   ddp.cross_vector(medians, launch, done, host))
+        return ddp.cross_vector(medians, launch, done, host)
 
-    st.session.enable_cross_rank(gather, world=dist.get_world_size(), every=every,
+    # Published through the run directory, never a collective: ranks with uneven inputs
+    # (model.join(), an early break) run different step counts and must never wait here.
+    st.session.enable_cross_rank(vector, world=dist.get_world_size(), every=every,
                                  names=ddp.CROSS_FIELDS, window=every,
-                                 event=_cross_event)
+                                 event=ddp.cross_rank_summary,
+                                 aligned_only=ddp.ALIGNED_ONLY)
     st.flush(block=True)  # the first row (already emitted on CPU) joins the window
-
-
-def _cross_event(step: int, rows: Sequence[Sequence[float]]) -> dict[str, Any]:
-    return ddp.cross_rank_summary(step, rows)
 
 
 def maybe_cross_rank(st: AutoState) -> None:

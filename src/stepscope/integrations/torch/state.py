@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ...rank import resolve_rank
 from ...recorder import Recorder
 from ...session import StepSession
 from . import ddp
@@ -34,8 +35,8 @@ from .probes import MemProbe, batch_counts
 from .settings import Settings
 from .values import (
     StepData,
+    dist_rank,
     emit,
-    env_rank,
     grad_norm_tensor,
     scalar,
     scale_of,
@@ -96,7 +97,7 @@ class AutoState:
         self.comm = ddp.CommTimer(clock=clock, wall=time.time)
         self.comm.phase = self._phase_now
         self.profiler: Any = None
-        self.rank = env_rank()
+        self.rank = resolve_rank()  # the environment's until the recorder is made
         self.first_micro = 0
         self.pid = os.getpid()
         self.saw_loader = False
@@ -132,6 +133,9 @@ class AutoState:
         meta: dict[str, Any] = {"environment": env, "config": {"instrumentation": "auto"}}
         if self.settings.name:
             meta["name"] = self.settings.name
+        # By the first step the process group exists: its rank beats the environment's
+        # (mp.spawn workers have no RANK variable and would all be rank 0).
+        self.rank = resolve_rank(lambda: dist_rank(self.torch))
         self.rec = Recorder(self.settings.run_dir, meta=meta, rank=self.rank, clock=self.clock)
         self.session = StepSession(self.rec, clock=self.clock)
         self.session.gather_after_step = False  # gathered inside a step (meta)

@@ -9,7 +9,6 @@ batch's shape for run.json. :func:`emit` turns one finished step into a recorder
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,12 +62,10 @@ def scalar(value: Any) -> float:
         return _NAN
 
 
-def env_rank() -> int:
-    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
-        v = os.environ.get(var, "").strip()
-        if v.isdigit():
-            return int(v)
-    return 0
+def dist_rank(torch: Any) -> int | None:
+    """This process's rank in the default process group, None before the group exists."""
+    d = torch.distributed
+    return int(d.get_rank()) if d.is_available() and d.is_initialized() else None
 
 
 def device_phases(marks: list[tuple[str, Any, Any]]) -> dict[str, float]:

@@ -1,0 +1,118 @@
+"""Finalise the records on SIGTERM without making the training process unkillable.
+
+A Python-level signal handler runs only when the main thread returns to the interpreter.
+A worker blocked in a C++ collective (gloo, NCCL) never does, so a plain handler turned
+torchrun's SIGTERM into "ignored" and its shutdown waited for minutes. Here:
+
+* the handler chains: when the main thread runs it, the records are closed, then the
+  previous handler runs (a callable), or the signal's default action (death by SIGTERM,
+  the exit status torchrun and schedulers expect);
+* a watcher thread is woken through :func:`signal.set_wakeup_fd` (written by the C-level
+  handler even while the main thread is blocked): it closes the records (bounded by
+  :data:`CLOSE_TIMEOUT_S`), restores the default action and re-raises SIGTERM, so a
+  blocked process still dies of the signal, promptly, with its records flushed.
+
+Nothing is installed over a handler the script set (or SIG_IGN), outside the main
+thread, or when another user of the wakeup fd exists (asyncio): then the default stays.
+
+Example::
+
+    install_sigterm_finaliser(lambda: rec.close("failed", "terminated by SIGTERM"))
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+__all__ = ["install_sigterm_finaliser", "CLOSE_TIMEOUT_S"]
+
+# Closing flushes the writer thread's queue and writes run.json: well under a second
+# normally; a hung disk must not keep a process alive past its scheduler's grace period.
+CLOSE_TIMEOUT_S = 5.0
+
+
+class _Finaliser:
+    def __init__(self, close: Callable[[], None]) -> None:
+        self.close = close
+        self.once = threading.Lock()
+        self.done = threading.Event()
+
+    def finish(self) -> None:
+        """Close the records once, bounded in time (a daemon thread does the work); a
+        second caller (handler and watcher both woke) waits for the first one's close."""
+        if self.once.acquire(blocking=False):
+            threading.Thread(target=self._close_quietly, daemon=True,
+                             name="stepscope-sigterm-close").start()
+        self.done.wait(CLOSE_TIMEOUT_S)
+
+    def _close_quietly(self) -> None:
+        try:
+            self.close()
+        except Exception:  # measuring must never change how training ends
+            pass
+        finally:
+            self.done.set()
+
+
+def _die_of_sigterm_from_thread() -> None:
+    """Default action for SIGTERM (``signal.signal`` is main-thread only), then raise it."""
+    try:
+        setsig = ctypes.pythonapi.PyOS_setsig
+        setsig.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        setsig.restype = ctypes.c_void_p
+        setsig(signal.SIGTERM, None)  # SIG_DFL
+        os.kill(os.getpid(), signal.SIGTERM)
+    except Exception:
+        os._exit(128 + signal.SIGTERM)  # same status a shell reports for the signal
+
+
+def _watch(fd: int, fin: _Finaliser) -> None:
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGTERM in data:  # one byte per signal number delivered
+            fin.finish()
+            _die_of_sigterm_from_thread()
+            return
+
+
+def install_sigterm_finaliser(close: Callable[[], None]) -> bool:
+    """Install the chaining handler and the watcher (see the module docstring)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    prev = signal.getsignal(signal.SIGTERM)
+    if prev is not signal.SIG_DFL:
+        return False  # the script's own handler (or SIG_IGN) decides
+    fin = _Finaliser(close)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        fin.finish()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        old = -2
+    if old != -1:  # someone else listens on the wakeup fd (asyncio): leave theirs, and
+        if old >= 0:  # keep the default action, so that a blocked process stays killable
+            signal.set_wakeup_fd(old)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.close(r)
+        os.close(w)
+        return False
+    threading.Thread(target=_watch, args=(r, fin), daemon=True,
+                     name="stepscope-sigterm").start()
+    return True

@@ -1,0 +1,73 @@
+"""Records lost to a full disk are counted and reported as soon as space returns.
+
+Issue 12 item 6, in process: a real small tmpfs filled by another file, then freed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stepscope.recorder import Recorder
+from stepscope.store import RunDir
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (the unwritable-directory case is in "
+                    "test_run_dirs)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                          capture_output=True, timeout=30)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+def _fill(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:  # ENOSPC: the disk is full now
+        pass
+    finally:
+        os.close(fd)
+
+
+def test_loss_is_reported_when_space_returns_and_at_close(small_fs: Path) -> None:
+    t = [0.0]
+    rec = Recorder(small_fs / "run", {"run_id": "run"}, rank=0, clock=lambda: t[0],
+                   background=False, no_usage=True)
+    filler = small_fs / "filler"
+    _fill(filler)
+    for _ in range(5):
+        rec.start_step()
+        t[0] += 0.1
+        rec.end_step()
+    with pytest.warns(RuntimeWarning, match="records are being dropped"):
+        rec.flush()  # the disk is full: 5 records dropped, training goes on
+    filler.unlink()
+    rec.start_step()
+    t[0] += 0.1
+    rec.end_step()
+    rec.flush()  # space is back: written, and the loss so far is recorded now
+    run = RunDir(small_fs / "run")
+    losses, _ = run.read_events(type="write_error")
+    assert [(e["rank"], e["records_dropped"]) for e in losses] == [(0, 5)]
+    assert "No space left" in losses[0]["first_error"]
+    rec.close()
+    meta = run.read_meta()
+    assert meta.status == "finished" and meta.config["records_dropped"] == 5
+    assert "5 step records lost to a write error" in meta.config["degraded"]
+    table, _ = run.read_steps()
+    assert table["step"].tolist() == [5]
