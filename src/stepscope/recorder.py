@@ -50,6 +50,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ._records import UNSET, encode_value, rows_to_records
+from .conditions import ConditionLog
 from .schema import STEP_COLUMN_NAMES, RunMeta
 from .store import RunDir, StepFileWriter, is_run_dir, utc_stamp
 
@@ -151,6 +152,8 @@ class Recorder:
         flush_interval_s: the writer thread flushes at least this often.
         capacity: queued rows that wake the writer before its interval elapses.
         start_step: index given to the first step.
+        conditions: sample host/device conditions (``stepscope.conditions``) from the
+            writer thread into ``RUN/conditions/``; needs ``background``.
     """
 
     def __init__(
@@ -169,6 +172,7 @@ class Recorder:
         start_step: int = 0,
         background: bool = True,
         no_usage: bool = False,
+        conditions: bool = True,
     ) -> None:
         self.rank = _env_rank() if rank is None else int(rank)
         self._clock = clock
@@ -205,6 +209,9 @@ class Recorder:
         self._wake = threading.Event()
         self._interval = float(flush_interval_s)
         self._thread: threading.Thread | None = None
+        # Host/device conditions (issue 11), sampled by the writer thread only.
+        self._conditions = (ConditionLog(self.run.conditions_path(self.rank))
+                            if background and conditions else None)
         if background:
             self._thread = threading.Thread(target=self._writer_loop, daemon=True,
                                             name=f"stepscope-writer-{self.rank}")
@@ -427,6 +434,8 @@ class Recorder:
             self._wake.clear()
             try:
                 self.flush()
+                if self._conditions is not None:
+                    self._conditions.tick()
             except Exception as exc:  # pragma: no cover - defensive: never kill training
                 warnings.warn(f"stepscope: writer error: {exc}", RuntimeWarning, stacklevel=1)
 
@@ -439,6 +448,8 @@ class Recorder:
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+        if self._conditions is not None:
+            self._conditions.close()
         self.flush()
         self._writer.close()
         if self._writer.dropped:

@@ -42,6 +42,7 @@ RUN_JSON = "run.json"
 STEPS_DIR = "steps"
 EVENTS_JSONL = "events.jsonl"
 PROFILES_DIR = "profiles"
+CONDITIONS_DIR = "conditions"
 REPORT_HTML = "report.html"
 
 
@@ -251,6 +252,21 @@ class RunDir:
 
     def steps_path(self, rank: int) -> Path:
         return self.path / STEPS_DIR / f"rank-{rank:05d}.jsonl"
+
+    def conditions_path(self, rank: int) -> Path:
+        """Host/device condition samples of one rank (see ``stepscope.conditions``)."""
+        return self.path / CONDITIONS_DIR / f"rank-{rank:05d}.jsonl"
+
+    def read_conditions(self) -> dict[int, list[dict[str, Any]]]:
+        """Condition samples per rank, in file order; torn or corrupt lines skipped."""
+        out: dict[int, list[dict[str, Any]]] = {}
+        for f in sorted((self.path / CONDITIONS_DIR).glob("rank-*.jsonl")):
+            try:
+                rank = int(f.stem.removeprefix("rank-"))
+                out[rank] = _parse_jsonl(f.read_bytes(), f.name, ReadStats())
+            except (OSError, ValueError):
+                continue
+        return out
 
     def read_meta(self) -> RunMeta:
         try:
