@@ -100,7 +100,8 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
             click.echo(f"stepscope: note: archived profile skipped: {exc}", err=True)
     # The CLI is the edge that reads the clock: a running run's silence is a live stall.
     now = time.time() if meta.status == "running" else None
-    d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now)
+    d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now,
+                 conditions=rd.read_conditions())
     if as_json:
         _echo_json(d.to_dict())
     else:

@@ -12,7 +12,7 @@ import orjson
 from rich.console import Console
 
 from ..analysis.findings import Finding, severity_rank
-from ..analysis.summary import Sheet, summarize
+from ..analysis.summary import Conditions, Sheet, summarize
 from ..errors import StepscopeError
 from ..schema import RunMeta, StepTable
 from ..store import ReadStats, RunDir
@@ -32,12 +32,13 @@ class LoadedRun:
     events: list[dict[str, Any]]
 
 
-def _findings(table: StepTable, meta: RunMeta, events: list[dict[str, Any]]) -> list[Finding]:
+def _findings(table: StepTable, meta: RunMeta, events: list[dict[str, Any]],
+              conditions: Conditions) -> list[Finding]:
     try:
         from ..analysis.diagnose import diagnose
     except ImportError:  # diagnosis not available in this build
         return []
-    result = diagnose(table, meta, events=events)
+    result = diagnose(table, meta, events=events, conditions=conditions)
     return sorted(result.findings, key=lambda f: severity_rank(f.severity))
 
 
@@ -52,8 +53,10 @@ def load_run(path: str | Path) -> LoadedRun:
             f"{stats.skipped} unreadable record(s)); is the training loop calling "
             "rec.step()/stepscope run instrumentation?")
     events, _ = run.read_events()
-    sheet = summarize(table, meta, skipped_records=stats.skipped)
-    return LoadedRun(run, meta, table, stats, sheet, _findings(table, meta, events), events)
+    conditions = run.read_conditions()
+    sheet = summarize(table, meta, skipped_records=stats.skipped, conditions=conditions)
+    return LoadedRun(run, meta, table, stats, sheet,
+                     _findings(table, meta, events, conditions), events)
 
 
 def write_html(loaded: LoadedRun, out: Path | None = None,
