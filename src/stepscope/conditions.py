@@ -13,6 +13,10 @@ Host (Linux ``/proc``, one read each, no dependency):
 * ``others_cpu_cores``: CPU cores busy with *other* processes, ``host_busy_frac x ncpu``
   minus this process's own cores: the noisy-neighbour signal, in cores.
 * ``proc_cpu_cores``: this process's CPU seconds per wall second (all threads).
+* ``main_oncpu_frac``, ``main_runq_frac``: shares of wall time the process's main thread
+  (the training loop) spent on a CPU and runnable but waiting for one
+  (``/proc/self/schedstat``). Waiting in the run queue is contention itself: it tells a
+  thread starved by neighbours from one that sleeps (I/O, a queue), which does not queue.
 * ``procs_running``: runnable tasks now (``/proc/stat``), ``load_1m`` (``/proc/loadavg``),
   ``ncpu`` (CPUs this process may run on).
 * ``cpu_mhz``: mean current clock (cpufreq ``scaling_cur_freq``, else ``/proc/cpuinfo``).
@@ -62,6 +66,8 @@ CONDITION_FIELDS: dict[str, str] = {
     "host_iowait_frac": "share of all CPUs' time idle waiting for I/O (0..1)",
     "proc_cpu_cores": "this process's CPU seconds per wall second",
     "others_cpu_cores": "cores busy with other processes (busy x ncpu - own)",
+    "main_oncpu_frac": "share of wall time the main thread ran on a CPU",
+    "main_runq_frac": "share of wall time the main thread was runnable but not running",
     "procs_running": "runnable tasks on the host now",
     "load_1m": "1-minute load average",
     "ncpu": "CPUs this process may run on",
@@ -160,6 +166,7 @@ class ConditionSampler:
         self._want_nvml = nvml
         self._nvml: _Nvml | None = None
         self._last: tuple[float, list[int] | None, float] | None = None
+        self._sched_last: tuple[float, int, int] | None = None
 
     def _stat(self) -> tuple[list[int] | None, float | None]:
         text = _read(self._proc / "stat")
@@ -206,6 +213,7 @@ class ConditionSampler:
         if self._last is not None:
             rec.update(self._shares(now, cpu, own, ncpu))
         self._last = (now, cpu, own)
+        rec.update(self._sched(now))
         rec.update(self._gpu())
         return rec
 
@@ -234,6 +242,19 @@ class ConditionSampler:
         out["others_cpu_cores"] = max(0.0, out["host_busy_frac"] * host_cpus
                                       - out["proc_cpu_cores"])
         return out
+
+    def _sched(self, now: float) -> dict[str, float]:
+        """Main-thread on-CPU and run-queue shares since the previous sample."""
+        fields = (_read(self._proc / "self" / "schedstat") or "").split()
+        if len(fields) < 2 or not (fields[0].isdigit() and fields[1].isdigit()):
+            return {}
+        cur = (now, int(fields[0]), int(fields[1]))  # ns on CPU, ns runnable and waiting
+        last, self._sched_last = self._sched_last, cur
+        if last is None or now <= last[0]:
+            return {}
+        dt_ns = (now - last[0]) * 1e9
+        return {"main_oncpu_frac": (cur[1] - last[1]) / dt_ns,
+                "main_runq_frac": (cur[2] - last[2]) / dt_ns}
 
     def _gpu(self) -> dict[str, float]:
         if self._want_nvml and self._nvml is None:

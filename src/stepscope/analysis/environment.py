@@ -9,6 +9,8 @@ about its host over its headline steps:
 
 * CPU per wall-second (``cpu_s / step_time_s``) and involuntary context switches per second
   (``preempt / step_time_s``), per step, from the step table (always recorded);
+* the training thread's on-CPU and run-queue shares (schedstat): less CPU *and* more
+  queueing is contention; less CPU with less queueing is the code waiting, not the host;
 * other processes' CPU use, hypervisor steal, CPU and GPU clocks, NVML slow-down reasons and
   other processes on the device, from the condition samples (``stepscope.conditions``).
 
@@ -104,6 +106,15 @@ def _samples(conditions: Conditions | None, t: StepTable, key: str) -> AnyArray:
     return np.array(vals)
 
 
+def _cpu_share(cond: Conditions | None, t: StepTable) -> float | None:
+    """The training thread's on-CPU share (schedstat), else CPU per wall-second."""
+    v = _samples(cond, t, "main_oncpu_frac")
+    if v.size:
+        return float(np.median(v))
+    c = _rate(t, "cpu_s")
+    return float(np.median(c)) if c.size else None
+
+
 def _step_diffs(ta: StepTable, tb: StepTable) -> list[ConditionDiff]:
     """Contention from the step table: one run was preempted more often per second AND got
     less CPU per wall-second (both beyond noise). More preemptions with as much CPU is a
@@ -142,6 +153,20 @@ def _sample_diffs(ta: StepTable, cond_a: Conditions | None, tb: StepTable,
         v = _samples(cond, t, key)
         return float(np.median(v)) if v.size else None
 
+    on = med(cond_a, ta, "main_oncpu_frac"), med(cond_b, tb, "main_oncpu_frac")
+    rq = med(cond_a, ta, "main_runq_frac"), med(cond_b, tb, "main_runq_frac")
+    if None not in on and None not in rq:
+        oa, ob, qa, qb = (float(x) for x in (*on, *rq))  # type: ignore[arg-type]
+        k = 1 if ob < oa else 0
+        o, q = (oa, ob), (qa, qb)
+        if o[k] < (1 - rg.CPU_SHARE_DROP) * o[1 - k] and q[k] - q[1 - k] >= rg.RUNQ_DELTA:
+            out.append(ConditionDiff(
+                "main_runq_frac", qa, qb, "contention",
+                f"contention: the training thread of run {'AB'[k]} ran {o[k]:.0%} of the "
+                f"wall time against {o[1 - k]:.0%} and queued for a CPU {q[k]:.0%} of it "
+                f"against {q[1 - k]:.0%}"))
+    share = (_cpu_share(cond_a, ta), _cpu_share(cond_b, tb))
+
     checks = (
         ("others_cpu_cores", "contention", rg.OTHERS_CORES_DELTA,
          "other processes used {hi:.1f} CPU cores beside run {w} against {lo:.1f}"),
@@ -154,6 +179,11 @@ def _sample_diffs(ta: StepTable, cond_a: Conditions | None, tb: StepTable,
         a, b = med(cond_a, ta, key), med(cond_b, tb, key)
         if a is not None and b is not None and abs(a - b) >= delta:
             w = "B" if b > a else "A"
+            s_busy, s_calm = (share[1], share[0]) if w == "B" else share
+            if key != "gpu_other_procs" and not (
+                    s_busy is not None and s_calm is not None
+                    and s_busy < (1 - rg.CPU_SHARE_DROP / 2) * s_calm):
+                continue  # neighbours that did not take this run's CPU did not slow it
             out.append(ConditionDiff(key, a, b, kind, f"{kind}: " + text.format(
                 hi=max(a, b), lo=min(a, b), w=w)))
     for key, what in (("cpu_mhz", "CPU clock"), ("gpu_sm_clock_mhz", "GPU SM clock")):

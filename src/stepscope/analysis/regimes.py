@@ -7,8 +7,10 @@ series (warm-up excluded) is segmented, and each regime is attributed against th
 reference regime (the fastest regime holding at least ``MIN_REFERENCE_FRAC`` of the steps)
 with its evidence:
 
-* ``contention``: involuntary context switches per second at least ``PREEMPT_RATIO`` x the
-  reference and CPU per wall-second down, or other processes busier by
+* ``contention``: the training thread got less CPU and queued ``RUNQ_DELTA`` more of the
+  wall time for one (schedstat, from the condition samples), or involuntary context
+  switches per second at least ``PREEMPT_RATIO`` x the reference and CPU per wall-second
+  down, or other processes busier by
   ``OTHERS_CORES_DELTA`` cores, or hypervisor steal up by ``STEAL_DELTA``: the CPU was
   taken away.
 * ``throttling``: CPU clock or GPU SM clock below ``CLOCK_RATIO`` x the reference, or NVML
@@ -66,12 +68,14 @@ PREEMPT_MIN_DELTA_PER_S = 5.0  # below 5 extra switches/s a process is not being
 CPU_SHARE_DROP = 0.2
 OTHERS_CORES_DELTA = 0.5
 STEAL_DELTA = 0.05
+# The main thread queued for a CPU at least 5% more of the wall time (schedstat).
+RUNQ_DELTA = 0.05
 CLOCK_RATIO = 0.9
 ENVIRONMENT_CAUSES: tuple[str, ...] = ("contention", "throttling")
 # Condition fields summarised per regime (medians of the samples inside it).
-_COND_FIELDS = ("others_cpu_cores", "host_steal_frac", "load_1m", "procs_running",
-                "cpu_mhz", "gpu_sm_clock_mhz", "gpu_throttle_reasons", "gpu_other_procs",
-                "gpu_temp_c", "gpu_power_w")
+_COND_FIELDS = ("main_oncpu_frac", "main_runq_frac", "others_cpu_cores", "host_steal_frac",
+                "load_1m", "procs_running", "cpu_mhz", "gpu_sm_clock_mhz",
+                "gpu_throttle_reasons", "gpu_other_procs", "gpu_temp_c", "gpu_power_w")
 
 
 @dataclass
@@ -255,7 +259,23 @@ def _throttled(r: Regime, ref: Regime) -> str | None:
     return None
 
 
+def _queued(r: Regime, ref: Regime) -> str | None:
+    """The main thread got less CPU and queued longer for it (schedstat)."""
+    on = (r.conditions.get("main_oncpu_frac"), ref.conditions.get("main_oncpu_frac"))
+    rq = (r.conditions.get("main_runq_frac"), ref.conditions.get("main_runq_frac"))
+    if None in on or None in rq:
+        return None
+    assert on[0] is not None and on[1] is not None and rq[0] is not None and rq[1] is not None
+    if on[0] < (1 - CPU_SHARE_DROP) * on[1] and rq[0] - rq[1] >= RUNQ_DELTA:
+        return (f"the training thread ran {on[0]:.0%} of the wall time against {on[1]:.0%} "
+                f"and waited for a CPU {rq[0]:.0%} of it against {rq[1]:.0%}")
+    return None
+
+
 def _contended(r: Regime, ref: Regime) -> str | None:
+    why = _queued(r, ref)
+    if why:
+        return why
     cpu_q = _ratio(r.cpu_per_wall, ref.cpu_per_wall)
     pre = (r.preempt_per_s, ref.preempt_per_s)
     if (pre[0] is not None and pre[1] is not None and cpu_q is not None
