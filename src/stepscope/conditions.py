@@ -51,9 +51,14 @@ from .store import StepFileWriter
 
 __all__ = ["ConditionSampler", "ConditionLog", "MIN_INTERVAL_S", "CONDITION_FIELDS"]
 
-# One sample per second at most: conditions change on the scale of seconds (a job starting
-# beside the run, a clock stepping down), and a 2-core host should not pay for more.
-MIN_INTERVAL_S = 1.0
+# One sample per half second at most (the writer's flush cadence): conditions change on
+# the scale of seconds (a job starting beside the run, a clock stepping down); a sample
+# costs three small /proc reads.
+MIN_INTERVAL_S = 0.5
+# Shares over a shorter interval are mostly timer-tick rounding (schedstat and /proc/stat
+# advance in scheduler ticks of 1-10 ms): the closing sample is not written when the last
+# one is more recent than this.
+MIN_SHARE_INTERVAL_S = 0.2
 # NVML clocks-event bits that mean "slowed down": everything but GPU idle (0x1) and the
 # user's application-clock setting (0x2) (nvml.h, nvmlClocksEventReason*).
 _NVML_BENIGN = 0x1 | 0x2
@@ -275,6 +280,7 @@ class ConditionLog:
         self._every = float(min_interval_s)
         self._clock = clock
         self._next = -float("inf")
+        self._last = -float("inf")
         self._failed = False
 
     def tick(self, force: bool = False) -> None:
@@ -284,7 +290,10 @@ class ConditionLog:
         now = self._clock()
         if not force and now < self._next:
             return
+        if force and now - self._last < MIN_SHARE_INTERVAL_S:
+            return
         self._next = now + self._every
+        self._last = now
         try:
             self._writer.write([self._sampler.sample()])
         except Exception as exc:  # a broken /proc or NVML must never reach training
