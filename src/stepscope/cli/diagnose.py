@@ -150,7 +150,8 @@ def isolate_cmd(what: str, steps: int, warmup: int, out: Path | None, as_json: b
     exp = _run_under_stepscope(exp_dir, command, total, switch)
     base, exp = (t.select(t["step"] >= warmup) for t in (base, exp))
     verdict = data_isolation_verdict if what == "data" else comm_isolation_verdict
-    res: IsolationResult = verdict(base, exp)
+    res: IsolationResult = verdict(base, exp, conditions=(
+        RunDir(base_dir).read_conditions(), RunDir(exp_dir).read_conditions()))
     event = {"type": ISOLATION_EVENT, "kind": what, "result": res.to_dict(),
              "baseline_run": str(base_dir), "experiment_run": str(exp_dir),
              "warmup_steps": warmup, "measured_steps": steps}
