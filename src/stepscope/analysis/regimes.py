@@ -301,7 +301,8 @@ def _attribute(r: Regime, ref: Regime) -> None:
     if slower < 0:
         r.cause, r.evidence = "faster", f"steps {-slower:.0%} faster than {ref.name}"
         return
-    head = f"steps {slower:.0%} slower than {ref.name}: "
+    how = f"{1 + slower:.1f}x as long as" if slower >= 1 else f"{slower:.0%} slower than"
+    head = f"steps {how} {ref.name}: "
     why = _throttled(r, ref)
     if why:
         r.cause, r.evidence = "throttling", head + why

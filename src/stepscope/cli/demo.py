@@ -15,7 +15,10 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+from ..analysis.summary import summarize
 from ..errors import ConfigError
+from ..report.regimes_view import headline_note
+from ..report.terminal import fmt_num, fmt_pct
 from ..store import RunDir, utc_stamp
 from . import cli
 from .report import emit_json, load_run, sheet_json, write_html
@@ -44,7 +47,16 @@ class _ProgressFeed:
         tps = m.get("tokens", 0.0) / dt if dt > 0 else 0.0
         mfu = f"{100 * tps * self.fpt_over_peak:.1f}%" if self.fpt_over_peak else "n/a"
         self.progress.update(self.task, advance=1, info=(
-            f"loss {m['loss']:.3f}  {tps:,.0f} tok/s  MFU {mfu}"))
+            f"loss {m['loss']:.3f}  now {tps:,.0f} tok/s  MFU {mfu}"))
+
+    def finish(self) -> None:
+        """End on the sheet's own headline numbers (one definition: the steady state)."""
+        run = RunDir(self.run_dir)
+        sheet = summarize(run.read_steps()[0], run.read_meta(),
+                          conditions=run.read_conditions())
+        self.progress.update(self.task, info=(
+            f"{headline_note(sheet)}: {fmt_num(sheet.tokens_per_s)} tok/s  "
+            f"MFU {fmt_pct(sheet.mfu)}"))
 
 
 def _train(framework: str, run_dir: Path, steps: int, seed: int, slow: bool,
@@ -67,7 +79,9 @@ def _train(framework: str, run_dir: Path, steps: int, seed: int, slow: bool,
                   TextColumn("{task.fields[info]}"), transient=False) as progress:
         task = progress.add_task(label, total=steps, info="")
         feed = _ProgressFeed(progress, task, run_dir)
-        return mod.train(run_dir, steps=steps, seed=seed, slow_data=slow, on_step=feed, **kw)
+        kept = mod.train(run_dir, steps=steps, seed=seed, slow_data=slow, on_step=feed, **kw)
+        feed.finish()
+        return kept
 
 
 @cli.command("demo")
