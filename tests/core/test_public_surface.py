@@ -113,6 +113,7 @@ CLI = {
                 '--swiglu',
                 '--tied-embeddings',
                 '--vocab'),
+    'export': ('--experiment', '--json', '--to'),
     'report': ('--html', '--json', '--no-html'),
     'run': (   '--cross-rank-every',
                '--json',
@@ -123,6 +124,7 @@ CLI = {
                '--samples-per-step',
                '--tokens-per-step'),
     'scaling': ('--allow-multi', '--json', '--markdown'),
+    'serve': ('--host', '--port'),
     'trace': (),
     'trace diff': ('--hta-compatible', '--json', '--steps', '--top'),
     'trace show': ('--hta-compatible', '--json', '--steps', '--top'),
@@ -142,7 +144,7 @@ def test_import_stepscope_stays_light() -> None:
             "'stepscope.analysis.diagnose', 'stepscope.traces') if m in sys.modules]; "
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
+                         check=True, timeout=60).stdout.strip()
     assert out == "[]"
 
 
