@@ -141,8 +141,9 @@ class Dashboard:
         run = RunDir.open(path)
         meta = run.read_meta()
         table, stats = run.read_steps()
-        loaded = _Loaded(sig, meta, table, summarize(table, meta, skipped_records=stats.skipped),
-                         list(stats.problems), stats.skipped)
+        sheet = summarize(table, meta, skipped_records=stats.skipped,
+                          conditions=run.read_conditions())
+        loaded = _Loaded(sig, meta, table, sheet, list(stats.problems), stats.skipped)
         with self._lock:
             self._cache[rel] = loaded
             while len(self._cache) > _CACHE_RUNS:
@@ -168,7 +169,8 @@ class Dashboard:
         with self._loading.setdefault(rel, threading.Lock()):
             if loaded.findings is None:
                 events, _ = run.read_events()
-                loaded.findings = (diagnose(loaded.table, loaded.meta, events=events).findings
+                loaded.findings = (diagnose(loaded.table, loaded.meta, events=events,
+                                            conditions=run.read_conditions()).findings
                                    if len(loaded.table) else [])
             return loaded.findings
 
@@ -199,7 +201,8 @@ def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet
     events, _ = run.read_events()
     shown = [e for e in events if e.get("type") in _SHOWN_EVENTS]
     if findings is None:
-        findings = diagnose(table, meta, events=events).findings if len(table) else []
+        findings = (diagnose(table, meta, events=events,
+                             conditions=run.read_conditions()).findings if len(table) else [])
     return {"path": rel, "meta": meta.to_dict(), "sheet": sheet.to_dict(),
             "findings": [f.to_dict() for f in findings], "events": shown[-200:],
             "read_problems": list(problems), "profile": _latest_profile(run)}
