@@ -29,6 +29,7 @@ from .environment import environment_findings, profiler_steps
 from .findings import CATEGORIES, Finding, severity_rank
 from .health.check import RULES, HealthConfig, check_health
 from .isolation import ISOLATION_EVENT, IsolationResult, isolation_finding
+from .op_findings import op_findings
 from .regimes import Regimes
 from .summary import Conditions
 
@@ -156,7 +157,7 @@ def trace_findings(report: Mapping[str, Any]) -> list[Finding]:
             rank=r, confidence=0.7, rule="trace.ranks",
             recommendation=f"Compare rank {r}'s {cmp_.get('differing_phase')} with another "
                            "rank's in the trace"))
-    return out
+    return out + op_findings(report)
 
 
 def _demote(f: Finding, why: str) -> None:
