@@ -40,7 +40,7 @@ from .findings import Finding
 from .summary import Conditions, headline_mask
 
 __all__ = ["ConditionDiff", "condition_differences", "environment_findings",
-           "profiler_steps", "SE_Z"]
+           "profiler_steps", "cpu_share", "SE_Z"]
 
 # A per-step median differs beyond noise when the gap exceeds 3 standard errors.
 SE_Z = 3.0
@@ -106,7 +106,7 @@ def _samples(conditions: Conditions | None, t: StepTable, key: str) -> AnyArray:
     return np.array(vals)
 
 
-def _cpu_share(cond: Conditions | None, t: StepTable) -> float | None:
+def cpu_share(cond: Conditions | None, t: StepTable) -> float | None:
     """The training thread's on-CPU share (schedstat), else CPU per wall-second."""
     v = _samples(cond, t, "main_oncpu_frac")
     if v.size:
@@ -165,7 +165,7 @@ def _sample_diffs(ta: StepTable, cond_a: Conditions | None, tb: StepTable,
                 f"contention: the training thread of run {'AB'[k]} ran {o[k]:.0%} of the "
                 f"wall time against {o[1 - k]:.0%} and queued for a CPU {q[k]:.0%} of it "
                 f"against {q[1 - k]:.0%}"))
-    share = (_cpu_share(cond_a, ta), _cpu_share(cond_b, tb))
+    share = (cpu_share(cond_a, ta), cpu_share(cond_b, tb))
 
     checks = (
         ("others_cpu_cores", "contention", rg.OTHERS_CORES_DELTA,
