@@ -116,7 +116,11 @@ def test_isolate_data_proves_the_slow_loader_and_clears_the_clean_run(tmp_path: 
     assert slow["verdict"] == "bottleneck" and slow["share"] > 0.5
     assert slow["experiment_rate"] > 2 * slow["baseline_rate"]
     assert verdicts["clean"]["verdict"] != "bottleneck"
-    assert "not the bottleneck" in verdicts["clean"]["message"]
+    # On a loaded host the two arms may run under different load: then the experiment is
+    # inconclusive and says so with the numbers (issue 11), never a verdict
+    clean = verdicts["clean"]["message"]
+    assert "not the bottleneck" in clean or (
+        verdicts["clean"]["verdict"] == "inconclusive" and "load changed" in clean), clean
 
 
 @pytest.mark.slow

@@ -304,9 +304,11 @@ def diagnose(table: StepTable, meta: RunMeta | None = None,
     info = _compute_info(table, findings, regimes)
     if info is not None:
         findings.append(info)
-    # Training health before speed at equal severity: a speed-up of a diverging run is moot.
+    # Training health before speed at equal severity: a speed-up of a diverging run is moot;
+    # the environment (context for the numbers, not a fault of the job) comes last.
     findings.sort(key=lambda f: (severity_rank(f.severity),
-                                 f.category in PERFORMANCE_CATEGORIES, -_impact(f),
+                                 2 if f.category == "environment"
+                                 else int(f.category in PERFORMANCE_CATEGORIES), -_impact(f),
                                  -f.confidence, f.steps[0] if f.steps else -1))
     perf = [f for f in findings
             if f.category in PERFORMANCE_CATEGORIES and f.severity != "info"]
