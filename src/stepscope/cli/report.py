@@ -62,8 +62,13 @@ def load_run(path: str | Path) -> LoadedRun:
 def write_html(loaded: LoadedRun, out: Path | None = None,
                sections: tuple[tuple[str, str], ...] = ()) -> Path:
     from ..report.html import render_html
+    from ..report.profile_view import profile_html
+    from ..report.serve_data import latest_profile
 
     path = out or loaded.run.report_path
+    profile = profile_html(latest_profile(loaded.run))
+    if profile:
+        sections = (*sections, ("Latest profile", profile))
     text = render_html(loaded.sheet, loaded.meta, loaded.table, loaded.findings, sections)
     try:
         path.write_text(text, encoding="utf-8")

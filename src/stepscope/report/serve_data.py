@@ -37,7 +37,7 @@ from ..index import INDEX_FILE, build_index, query_index
 from ..schema import AnyArray, RunMeta, StepTable
 from ..store import RunDir
 
-__all__ = ["Dashboard", "NotFound", "series_doc", "run_doc"]
+__all__ = ["Dashboard", "NotFound", "series_doc", "run_doc", "latest_profile"]
 
 # Events the run page shows (the rest of events.jsonl is the tools' own bookkeeping).
 _SHOWN_EVENTS = ("finding", "alert", "isolation", "profile", "warning", "cross_rank")
@@ -205,7 +205,7 @@ def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet
                              conditions=run.read_conditions()).findings if len(table) else [])
     return {"path": rel, "meta": meta.to_dict(), "sheet": sheet.to_dict(),
             "findings": [f.to_dict() for f in findings], "events": shown[-200:],
-            "read_problems": list(problems), "profile": _latest_profile(run)}
+            "read_problems": list(problems), "profile": latest_profile(run)}
 
 
 def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_points: int = 2000,
@@ -253,7 +253,7 @@ def _heatmap(table: StepTable, cols: int) -> dict[str, Any]:
             "values": [_floats(row) for row in grid.values]}
 
 
-def _latest_profile(run: RunDir) -> dict[str, Any] | None:
+def latest_profile(run: RunDir) -> dict[str, Any] | None:
     """The newest archived profile's analysis (written beside it by `stepscope run`)."""
     dirs = run.profile_dirs()
     for d in reversed(dirs):
