@@ -276,6 +276,7 @@ def stop_profiler(st: Any) -> None:
     if prof is None:
         return
     st.profiler = None
+    st.marks.close_all()  # a phase still open (the run ended inside it) ends here
     try:
         prof.stop()
     except Exception as exc:

@@ -25,6 +25,7 @@ from typing import Any
 
 from ...recorder import Recorder
 from . import ddp
+from .marks import PhaseMarks
 from .values import (
     emit,
     env_rank,
@@ -129,6 +130,7 @@ class AutoState:
         self.cross: ddp.CrossRank | None = None
         self.cross_done = -1
         self.profiler: Any = None
+        self.marks = PhaseMarks(torch)
         self.rank = env_rank()
         self.first_micro = 0
         self.pid = os.getpid()
@@ -250,11 +252,14 @@ class AutoState:
 
     # -- device-time marks (CUDA events; nothing on CPU) --------------------------------
     def dev_begin(self, phase: str) -> None:
-        """Mark a phase start on the current CUDA stream (no host synchronisation)."""
+        """Mark a phase start on the current CUDA stream (no host synchronisation), and
+        in the profiler capture while one runs (``marks``)."""
+        self.marks.begin(phase, active=self.profiler is not None)
         if self.cuda:
             self.dev_open[phase] = self._event()
 
     def dev_end(self, phase: str) -> None:
+        self.marks.end(phase)
         start = self.dev_open.pop(phase, None) if self.cuda else None
         if start is not None:
             self.cur.dev.append((phase, start, self._event()))
