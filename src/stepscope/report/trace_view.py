@@ -123,11 +123,15 @@ def render_trace_report(console: Console, report: TraceReport, top: int = 10) ->
         console.print(_legend())
     c = report.comparison
     if c is not None:
+        # A difference that rounds to 0.0 ms names no phase (issue 11: "+0.0 ms").
+        differs = (f"it differs most in [bold]{c.differing_phase}[/bold] "
+                   f"({c.phase_delta_us / 1000:+.1f} ms per step vs the other ranks)"
+                   if abs(c.phase_delta_us) >= 50 else
+                   "no phase differs by 0.1 ms per step or more from the other ranks")
         console.print(
             f"Slowest rank: {c.slowest_rank} (median step {c.slower_by_pct:.1f}% longer than "
             f"rank {c.fastest_rank}). Straggler (longest working time): rank "
-            f"{c.straggler_rank}; it differs most in [bold]{c.differing_phase}[/bold] "
-            f"({c.phase_delta_us / 1000:+.1f} ms per step vs the other ranks).")
+            f"{c.straggler_rank}; {differs}.")
     if report.top_ops:
         console.print(_ops_table(report, top, console.width))
     for note in report.conventions:
