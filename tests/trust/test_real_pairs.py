@@ -29,7 +29,7 @@ from stepscope.cli import main
 LOOP = Path(__file__).with_name("loop.py")
 CPU = 0  # runs and hogs share this CPU, so a hog contends whatever else the host runs
 HOG = f"import os\nos.sched_setaffinity(0, {{{CPU}}})\nwhile True: pass"
-N_HOGS = 3
+N_HOGS = 5  # the run gets at most a sixth of its CPU, whatever else the host runs
 HOG_LIMIT_S = "180"  # `timeout` bound on each hog's life
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),

@@ -30,7 +30,7 @@ from .findings import CATEGORIES, Finding, severity_rank
 from .health.check import RULES, HealthConfig, check_health
 from .isolation import ISOLATION_EVENT, IsolationResult, isolation_finding
 from .op_findings import op_findings
-from .regimes import Regimes
+from .regimes import MIN_REGIME_STEPS, Regimes
 from .summary import Conditions
 
 __all__ = ["Diagnosis", "diagnose", "PERFORMANCE_CATEGORIES", "trace_findings"]
@@ -244,7 +244,10 @@ def _demote_environment(findings: list[Finding], regimes: Regimes) -> None:
     for f in findings:
         if f.category != "throughput_regression" or not f.steps or f.severity == "info":
             continue
-        hit = next((r for r in env if r.first_step <= f.steps[0] <= r.last_step + 1), None)
+        # two change-point methods place one change a few steps apart: a drop within a
+        # regime's first tenth (at least MIN_REGIME_STEPS) before it belongs to it
+        hit = next((r for r in env if r.first_step - max(MIN_REGIME_STEPS, r.steps // 10)
+                    <= f.steps[0] <= r.last_step), None)
         if hit is not None:
             _demote(f, f"{hit.name} ran under {hit.cause}")
 
