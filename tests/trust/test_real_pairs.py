@@ -77,11 +77,23 @@ def raw_medians(run: Path) -> dict[str, float]:
 
 def test_cpu_hog_beside_one_run_makes_compare_inconclusive(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run_loop(tmp_path / "a", steps=120)
-    with hogs():
-        run_loop(tmp_path / "b", steps=120)
-    r = cli_json(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"))
+    """The hogs must actually have taken B's CPU (checked in the raw records: less than
+    0.8x A's on-CPU share); if the host happened to starve A as much, the pair is
+    retried once."""
+    for attempt in range(2):
+        a, b = tmp_path / f"a{attempt}", tmp_path / f"b{attempt}"
+        run_loop(a, steps=120)
+        with hogs():
+            run_loop(b, steps=120)
+        ma, mb = raw_medians(a), raw_medians(b)
+        if mb["main_oncpu_frac"] < 0.8 * ma["main_oncpu_frac"]:
+            break
+    else:
+        pytest.fail(f"the hogs did not contend run B more than the host contended A: "
+                    f"{ma} vs {mb}")
+    r = cli_json(capsys, "compare", str(a), str(b))
     assert r["differing"] == []
+    assert r["verdict"] == "inconclusive", (r["speed"]["reason"], r["environment"], ma, mb)
     assert (r["verdict"], r["speed"]["verdict"]) == ("inconclusive", "inconclusive")
     assert "contention" in r["speed"]["reason"]
     contention = [e for e in r["environment"] if e["condition"] == "contention"]
@@ -139,12 +151,15 @@ def test_extra_compute_interleaved_is_slower(tmp_path: Path) -> None:
     assert (r.speed.verdict, r.verdict) == ("slower", "not landed"), r.speed.reason
 
 
-def _wait_for_steps(run: Path, n: int, proc: subprocess.Popen[bytes]) -> None:
+def _wait_for_steps(run: Path, n: int, proc: subprocess.Popen[bytes]) -> int:
+    """Wait until ``n`` steps are on disk; returns how many are (the writer flushes in
+    batches, so the hogs start at that step or a little after it)."""
     path = run / "steps" / "rank-00000.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if path.is_file() and path.read_bytes().count(b"\n") >= n:
-            return
+        done = path.read_bytes().count(b"\n") if path.is_file() else 0
+        if done >= n:
+            return done
         time.sleep(0.05)
     raise AssertionError(f"the run did not reach {n} steps")
 
@@ -155,7 +170,7 @@ def test_host_busy_halfway_gives_two_regimes_and_no_compute_advice_for_the_busy_
     cmd = [sys.executable, str(LOOP), str(run), "--steps", "200", "--cpu", str(CPU)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        _wait_for_steps(run, 70, proc)
+        hog_step = _wait_for_steps(run, 70, proc)
         with hogs():
             proc.wait(timeout=240)
     finally:
@@ -166,15 +181,18 @@ def test_host_busy_halfway_gives_two_regimes_and_no_compute_advice_for_the_busy_
     sheet = cli_json(capsys, "report", str(run), "--no-html")
     regimes = sheet["regimes"]
     assert len(regimes) >= 2, regimes
-    busy = [g for g in regimes if g["cause"] == "contention"]
-    assert busy and busy[0]["first_step"] >= 60, regimes
-    assert sheet["steady_regime"] == next(g["name"] for g in regimes if g["steady"])
-    assert not any(g["steady"] for g in busy)
+    # The stretch under the hogs is contention; the steady regime is from before them.
+    # (Other tests on this host may make more regimes in the first part; those are
+    # attributed too but not asserted on.)
+    last = regimes[-1]
+    assert last["cause"] == "contention" and last["first_step"] >= hog_step - 20, regimes
+    steady = next(g for g in regimes if g["steady"])
+    assert sheet["steady_regime"] == steady["name"] and steady["last_step"] < hog_step + 5
     assert any("regimes" in n for n in sheet["notes"])
     d = cli_json(capsys, "diagnose", str(run))
     env = [f for f in d["findings"] if f["category"] == "environment"]
     assert any("contention" in f["message"] for f in env), d["findings"]
-    first_busy = busy[0]["first_step"]
+    first_busy = last["first_step"]
     for f in d["findings"]:
         if f["category"] == "compute":  # the compute note covers the quiet steps only
             last = int(f["evidence"]["steps"].split("-")[1])
