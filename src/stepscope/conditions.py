@@ -59,6 +59,8 @@ MIN_INTERVAL_S = 0.5
 # advance in scheduler ticks of 1-10 ms): the closing sample is not written when the last
 # one is more recent than this.
 MIN_SHARE_INTERVAL_S = 0.2
+# CPU clock re-read interval (clock changes worth naming last seconds, not milliseconds).
+MHZ_EVERY_S = 5.0
 # NVML clocks-event bits that mean "slowed down": everything but GPU idle (0x1) and the
 # user's application-clock setting (0x2) (nvml.h, nvmlClocksEventReason*).
 _NVML_BENIGN = 0x1 | 0x2
@@ -172,6 +174,7 @@ class ConditionSampler:
         self._nvml: _Nvml | None = None
         self._last: tuple[float, list[int] | None, float] | None = None
         self._sched_last: tuple[float, int, int] | None = None
+        self._mhz_cache: tuple[float, float | None] | None = None
 
     def _stat(self) -> tuple[list[int] | None, float | None]:
         text = _read(self._proc / "stat")
@@ -212,7 +215,11 @@ class ConditionSampler:
         load = (_read(self._proc / "loadavg") or "").split()
         if load:
             rec["load_1m"] = float(load[0])
-        mhz = self._mhz()
+        # The clock is read at most every MHZ_EVERY_S: /proc/cpuinfo of a 200-core host is
+        # a megabyte of text, too much to parse every half second.
+        if self._mhz_cache is None or now - self._mhz_cache[0] >= MHZ_EVERY_S:
+            self._mhz_cache = (now, self._mhz())
+        mhz = self._mhz_cache[1]
         if mhz is not None:
             rec["cpu_mhz"] = mhz
         if self._last is not None:

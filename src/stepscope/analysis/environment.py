@@ -99,11 +99,9 @@ def _window(t: StepTable) -> tuple[float, float]:
 
 def _samples(conditions: Conditions | None, t: StepTable, key: str) -> AnyArray:
     t0, t1 = _window(t)
-    vals = [float(s[key]) for rank in (conditions or {}) for s in (conditions or {})[rank]
-            if isinstance(s.get(key), (int, float)) and isinstance(s.get("wall_time_s"),
-                                                                   (int, float))
-            and t0 <= float(s["wall_time_s"]) <= t1]
-    return np.array(vals)
+    if not conditions or not math.isfinite(t0):
+        return np.array([])
+    return rg.window_values(rg.condition_columns(conditions), key, t0, t1)
 
 
 def cpu_share(cond: Conditions | None, t: StepTable) -> float | None:

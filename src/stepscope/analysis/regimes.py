@@ -49,6 +49,7 @@ import numpy as np
 from ..schema import AnyArray, StepTable
 
 __all__ = ["Regime", "Regimes", "find_regimes", "segment", "ENVIRONMENT_CAUSES",
+           "condition_columns", "window_values",
            "MIN_SHIFT", "MIN_REGIME_STEPS", "MAX_REGIMES"]
 
 # A regime's typical step time differs from its neighbour's by at least 20%: step times of
@@ -77,6 +78,9 @@ ENVIRONMENT_CAUSES: tuple[str, ...] = ("contention", "throttling")
 _COND_FIELDS = ("main_oncpu_frac", "main_runq_frac", "others_cpu_cores", "host_steal_frac",
                 "load_1m", "procs_running", "cpu_mhz", "gpu_sm_clock_mhz",
                 "gpu_throttle_reasons", "gpu_other_procs", "gpu_temp_c", "gpu_power_w")
+
+
+_LAST_COLUMNS: list[tuple[Any, dict[str, AnyArray]] | None] = [None]
 
 
 @dataclass
@@ -201,12 +205,22 @@ def _per_step(table: StepTable) -> dict[str, AnyArray]:
 
 
 def _median_by(v: AnyArray, inv: AnyArray, n: int) -> AnyArray:
-    if np.all(np.bincount(inv, minlength=n) == 1):  # one rank: no grouping needed
-        out = np.full(n, np.nan)
-        out[inv] = v
+    """Median of the finite ``v`` of each group ``inv`` (0..n-1), NaN for empty groups;
+    one sort, no loop over groups (a run may have 1000 ranks x 100k steps)."""
+    out = np.full(n, np.nan)
+    ok = np.isfinite(v)
+    if not ok.any():
         return out
-    return np.array([np.nanmedian(v[inv == i]) if np.isfinite(v[inv == i]).any() else np.nan
-                     for i in range(n)])
+    g, x = inv[ok], v[ok]
+    order = np.lexsort((x, g))
+    g, x = g[order], x[order]
+    counts = np.bincount(g, minlength=n)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    has = counts > 0
+    lo = starts[has] + (counts[has] - 1) // 2
+    hi = starts[has] + counts[has] // 2
+    out[has] = (x[lo] + x[hi]) / 2.0
+    return out
 
 
 def _finite_median(x: AnyArray) -> float | None:
@@ -214,14 +228,40 @@ def _finite_median(x: AnyArray) -> float | None:
     return float(np.median(x)) if x.size else None
 
 
-def _window_conditions(samples: Sequence[Mapping[str, Any]], t0: float, t1: float
+def condition_columns(conditions: Mapping[int, Sequence[Mapping[str, Any]]] | None
+                      ) -> dict[str, AnyArray]:
+    """Condition samples of all ranks as columns (NaN where a sample lacks a field).
+
+    The last input is remembered (by identity): one analysis asks for the columns of the
+    same run several times."""
+    hit = _LAST_COLUMNS[0]  # one read: a (conditions, columns) pair, safe across threads
+    if hit is not None and hit[0] is conditions and conditions is not None:
+        return hit[1]
+    samples = [s for rank in sorted(conditions or {}) for s in (conditions or {})[rank]]
+    keys = ("wall_time_s", "ncpu", *_COND_FIELDS)
+
+    def num(v: Any) -> float:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else np.nan
+
+    cols = {k: np.array([num(s.get(k)) for s in samples], dtype=float) for k in keys}
+    _LAST_COLUMNS[0] = (conditions, cols)
+    return cols
+
+
+def window_values(cols: Mapping[str, AnyArray], key: str, t0: float, t1: float) -> AnyArray:
+    """The finite values of ``key`` sampled between UNIX times t0 and t1."""
+    wall, v = cols.get("wall_time_s"), cols.get(key)
+    if wall is None or v is None or not wall.size:
+        return np.array([])
+    sel = (wall >= t0) & (wall <= t1) & np.isfinite(v)
+    return np.asarray(v[sel])
+
+
+def _window_conditions(cols: Mapping[str, AnyArray], t0: float, t1: float
                        ) -> dict[str, float]:
-    inside = [s for s in samples if isinstance(s.get("wall_time_s"), (int, float))
-              and t0 <= float(s["wall_time_s"]) <= t1]
     out: dict[str, float] = {}
     for key in _COND_FIELDS:
-        vals = np.array([float(s[key]) for s in inside
-                         if isinstance(s.get(key), (int, float))])
+        vals = window_values(cols, key, t0, t1)
         if vals.size:
             out[key] = float(np.max(vals)) if key == "gpu_throttle_reasons" \
                 else float(np.median(vals))
@@ -229,7 +269,7 @@ def _window_conditions(samples: Sequence[Mapping[str, Any]], t0: float, t1: floa
 
 
 def _regime(i: int, s: dict[str, AnyArray], lo: int, hi: int,
-            samples: Sequence[Mapping[str, Any]]) -> Regime:
+            samples: Mapping[str, AnyArray]) -> Regime:
     st, tok = s["step_time_s"][lo:hi], s["tokens"][lo:hi]
     total = float(st.sum())
     wall = s["wall_time_s"][lo:hi]
@@ -338,7 +378,7 @@ def find_regimes(table: StepTable, steady: AnyArray,
     if not len(t):
         return Regimes([], None)
     s = _per_step(t)
-    samples = [x for rank in sorted(conditions or {}) for x in (conditions or {})[rank]]
+    samples = condition_columns(conditions)
     bounds = segment(s["step_time_s"])
     regs = [_regime(i, s, lo, hi, samples) for i, (lo, hi) in enumerate(bounds)]
     n = sum(r.steps for r in regs)
