@@ -187,7 +187,10 @@ def test_host_busy_halfway_gives_two_regimes_and_no_compute_advice_for_the_busy_
     last = regimes[-1]
     assert last["cause"] == "contention" and last["first_step"] >= hog_step - 20, regimes
     steady = next(g for g in regimes if g["steady"])
-    assert sheet["steady_regime"] == steady["name"] and steady["last_step"] < hog_step + 5
+    # hog_step is a lower bound of the step the hogs began at (the writer flushes in
+    # batches), so the steady regime is checked against the contended one, not it
+    assert sheet["steady_regime"] == steady["name"]
+    assert steady["last_step"] < last["first_step"]
     assert any("regimes" in n for n in sheet["notes"])
     d = cli_json(capsys, "diagnose", str(run))
     env = [f for f in d["findings"] if f["category"] == "environment"]
