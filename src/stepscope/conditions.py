@@ -33,6 +33,7 @@ tests use exact numbers; ``tick`` never raises into training.
 Example::
 
     log = ConditionLog(run.conditions_path(0))
+    rec.add_listener(log.on_records)   # the recorder's writer thread calls it
     log.tick()            # at most one sample per ``min_interval_s``
     log.close()
 """
@@ -307,6 +308,10 @@ class ConditionLog:
             self._failed = True
             warnings.warn(f"stepscope: condition sampling stopped ({exc})", RuntimeWarning,
                           stacklevel=2)
+
+    def on_records(self, records: object) -> None:
+        """A recorder listener: called on the writer thread after each batch is written."""
+        self.tick()
 
     def close(self) -> None:
         self.tick(force=True)

@@ -18,8 +18,8 @@ import numpy as np
 from ..analysis.findings import Finding
 from ..analysis.summary import Sheet
 from ..schema import RunMeta, StepTable
+from .fmt import fmt_bytes, fmt_num, fmt_pct
 from .regimes_view import REGIME_HEADER, conditions_line, headline_note, regime_rows
-from .terminal import fmt_bytes, fmt_num, fmt_pct
 
 __all__ = ["render_html"]
 

@@ -130,8 +130,9 @@ def render_trace_report(console: Console, report: TraceReport, top: int = 10) ->
                    "no phase differs by 0.1 ms per step or more from the other ranks")
         console.print(
             f"Slowest rank: {c.slowest_rank} (median step {c.slower_by_pct:.1f}% longer than "
-            f"rank {c.fastest_rank}). Straggler (longest working time): rank "
-            f"{c.straggler_rank}; {differs}.")
+            f"rank {c.fastest_rank}). Longest working time: rank {c.straggler_rank}"
+            + (f" (straggler score {c.straggler_score:.2f})" if c.straggler_score else "")
+            + f"; {differs}.")
     if report.top_ops:
         console.print(_ops_table(report, top, console.width))
     for note in report.conventions:
