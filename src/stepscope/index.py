@@ -126,7 +126,8 @@ def _read_row(run: RunDir, rel: str, signature: str) -> dict[str, Any]:
     if not len(table):
         raise RunDirError(f"no step records yet ({stats.files} step files, "
                           f"{stats.skipped} corrupt records)")
-    sheet = summarize(table, meta, skipped_records=stats.skipped)
+    sheet = summarize(table, meta, skipped_records=stats.skipped,
+                      conditions=run.read_conditions())
     env = meta.environment
     row: dict[str, Any] = {
         "path": rel, "run_id": meta.run_id, "name": meta.name or meta.run_id,

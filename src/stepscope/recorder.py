@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 
 from ._records import UNSET, RowLayout, encode_value
 from ._writer import Listener, RowQueue
+from .conditions import ConditionLog
 from .rank import resolve_rank
 from .schema import STEP_COLUMN_NAMES, RunMeta
 from .store import RunDir, utc_stamp
@@ -142,6 +143,8 @@ class Recorder:
         flush_interval_s: the writer thread flushes at least this often.
         capacity: queued rows that wake the writer before its interval elapses.
         start_step: index given to the first step.
+        conditions: sample host/device conditions (``stepscope.conditions``) on the writer
+            thread into ``RUN/conditions/``; needs ``background``.
     """
 
     def __init__(
@@ -160,6 +163,7 @@ class Recorder:
         start_step: int = 0,
         background: bool = True,
         no_usage: bool = False,
+        conditions: bool = True,
     ) -> None:
         self.rank = resolve_rank() if rank is None else int(rank)
         self._clock = clock
@@ -176,6 +180,11 @@ class Recorder:
                                rank=self.rank, flush_interval_s=flush_interval_s,
                                capacity=capacity, background=background)
         self._queue.on_recovery = lambda n, first: self.run.report_loss(self.rank, n, first)
+        # Host/device conditions (issue 11), sampled on the writer thread at flush cadence.
+        self._conditions = (ConditionLog(self.run.conditions_path(self.rank))
+                            if background and conditions else None)
+        if self._conditions is not None:
+            self._queue.add_listener(self._conditions.on_records)
         self._blank = self._layout.blank
         self._row = self._blank.copy()
         self.dropped = 0  # records lost to I/O errors (see StepFileWriter)
@@ -366,6 +375,8 @@ class Recorder:
         self.end_step()
         self._closed = True
         self._queue.close()
+        if self._conditions is not None:
+            self._conditions.close()
         self.dropped += self._queue.dropped
         if self._queue.dropped:
             self.run.report_loss(self.rank, self.dropped, self._queue.first_error)

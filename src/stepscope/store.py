@@ -55,6 +55,7 @@ RUN_JSON = "run.json"
 STEPS_DIR = "steps"
 EVENTS_JSONL = "events.jsonl"
 PROFILES_DIR = "profiles"
+CONDITIONS_DIR = "conditions"
 REPORT_HTML = "report.html"
 # Derived data only (the columnar step cache): safe to delete at any time.
 CACHE_DIR = ".cache"
@@ -172,6 +173,21 @@ class RunDir(CrossRankFiles):
     def claim_steps_path(self, rank: int) -> Path:
         """A step file this process alone writes (see :func:`._runwrite.claim_step_file`)."""
         return claim_step_file(self.steps_path(rank))
+
+    def conditions_path(self, rank: int) -> Path:
+        """Host/device condition samples of one rank (see ``stepscope.conditions``)."""
+        return self.path / CONDITIONS_DIR / f"rank-{rank:05d}.jsonl"
+
+    def read_conditions(self) -> dict[int, list[dict[str, Any]]]:
+        """Condition samples per rank, in file order; torn or corrupt lines skipped."""
+        out: dict[int, list[dict[str, Any]]] = {}
+        for f in sorted((self.path / CONDITIONS_DIR).glob("rank-*.jsonl")):
+            try:
+                rank = int(f.stem.removeprefix("rank-"))
+                out[rank] = [obj for _, obj in parse_jsonl(f.read_bytes(), f.name, ReadStats())]
+            except (OSError, ValueError):
+                continue
+        return out
 
     def read_meta(self) -> RunMeta:
         try:

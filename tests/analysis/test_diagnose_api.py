@@ -64,7 +64,27 @@ def test_isolation_is_load_adjusted_when_phases_exist() -> None:
     res = data_isolation_verdict(base, exp)
     # outside compute: 0.1 - 0.08 = 0.02 as is, 0.16 - 0.16 = 0 replayed -> 20% of 0.1 s
     assert res.load_adjusted and res.share == pytest.approx(0.2)
-    assert res.compute_change == pytest.approx(1.0) and res.verdict == "bottleneck"
+    # ... but a host that doubled the untouched forward phase is an uncontrolled
+    # experiment (issue 11): inconclusive, with the number
+    assert res.compute_change == pytest.approx(1.0) and res.verdict == "inconclusive"
+    assert "forward phase, which the experiment does not touch, ran +100%" in res.message
+
+
+def test_isolation_with_a_steady_host_is_a_verdict_in_readable_numbers() -> None:
+    fw = np.full(N, 0.05)
+    base = _run(0.1, data_s=0.02, tokens=2000.0, forward_s=fw, backward_s=fw * 0.5,
+                optimizer_s=fw * 0.1)
+    exp = _run(0.08, tokens=2000.0, forward_s=fw * 1.05, backward_s=fw * 0.5,
+               optimizer_s=fw * 0.1)
+    res = data_isolation_verdict(base, exp)
+    assert res.verdict == "bottleneck"
+    assert res.message.startswith("20,000 -> 25,000 tokens/s with replayed in-memory batches")
+
+
+def test_comm_isolation_without_gradient_sync_has_nothing_to_remove() -> None:
+    res = comm_isolation_verdict(_run(0.1), _run(0.1))
+    assert res.verdict == "nothing_to_remove"
+    assert "no gradient synchronisation" in res.message
 
 
 def test_comm_isolation_is_marked_not_a_valid_run() -> None:

@@ -55,7 +55,10 @@ def _diagnose(tmp_path: Path, name: str, *args: str) -> dict[str, Any]:
 
 
 def _raised(d: dict[str, Any]) -> list[dict[str, Any]]:
-    return [f for f in d["findings"] if f["severity"] in ("critical", "warning")]
+    """Warnings about the job. Environment findings (issue 11) are about the host: on this
+    shared machine other tests may contend a run, which diagnose rightly names."""
+    return [f for f in d["findings"] if f["severity"] in ("critical", "warning")
+            and f["category"] != "environment"]
 
 
 def test_clean_run_raises_nothing_above_info(tmp_path: Path) -> None:
@@ -116,7 +119,12 @@ def test_isolate_data_proves_the_slow_loader_and_clears_the_clean_run(tmp_path: 
     assert slow["verdict"] == "bottleneck" and slow["share"] > 0.5
     assert slow["experiment_rate"] > 2 * slow["baseline_rate"]
     assert verdicts["clean"]["verdict"] != "bottleneck"
-    assert "not the bottleneck" in verdicts["clean"]["message"]
+    # On a loaded host the two arms may run under different load: then the experiment is
+    # inconclusive and says so with the numbers (issue 11), never a verdict
+    clean = verdicts["clean"]["message"]
+    assert "not the bottleneck" in clean or (
+        verdicts["clean"]["verdict"] == "inconclusive"
+        and ("load changed" in clean or "contention" in clean)), clean
 
 
 @pytest.mark.slow

@@ -25,10 +25,13 @@ import numpy as np
 
 from ..schema import RunMeta, StepTable
 from .advice import Advice, advise
+from .environment import environment_findings, profiler_steps
 from .findings import CATEGORIES, Finding, severity_rank
-from .health.check import HealthConfig, check_health
+from .health.check import RULES, HealthConfig, check_health
 from .isolation import ISOLATION_EVENT, IsolationResult, isolation_finding
-from .summary import steady_mask
+from .op_findings import op_findings
+from .regimes import MIN_REGIME_STEPS, Regimes
+from .summary import Conditions
 
 __all__ = ["Diagnosis", "diagnose", "PERFORMANCE_CATEGORIES", "trace_findings", "records_lost",
            "WRITE_ERROR_EVENT"]
@@ -222,7 +225,7 @@ def trace_findings(report: Mapping[str, Any], config: HealthConfig | None = None
             rank=r, confidence=0.7, rule="trace.ranks",
             recommendation=f"Compare rank {r}'s {cmp_.get('differing_phase')} with another "
                            "rank's in the trace"))
-    return out
+    return out + op_findings(report)
 
 
 def _demote(f: Finding, why: str) -> None:
@@ -278,10 +281,57 @@ def _reconcile_isolation(found: list[Finding], kind: str, rule: str) -> None:
                                 f"of the step). {iso[-1].recommendation}")
 
 
-def _compute_info(table: StepTable, findings: list[Finding]) -> Finding | None:
+# Rules a profiler window disturbs: its steps are slow (stall, throughput) and its buffers
+# raise the process's memory (memory).
+_PROFILED_RULES = ("memory", "stall", "throughput")
+
+
+def _health(table: StepTable, meta: RunMeta | None, config: HealthConfig | None,
+            now_wall_s: float | None, window: tuple[int, int] | None) -> list[Finding]:
+    """The health rules; with a profiler window, the memory, stall and throughput rules see
+    the run without the profiled steps, and, where memory is a lifetime high-water mark
+    (RSS), without any step from the window on (the profiler's buffers stay counted)."""
+    if window is None or not len(table):
+        return check_health(table, meta, config, now_wall_s=now_wall_s)
+    out = check_health(table, meta, config, now_wall_s=now_wall_s, skip=_PROFILED_RULES)
+    step = table["step"]
+    outside = (step < window[0]) | (step >= window[1])
+    others = tuple(k for k in RULES if k not in ("stall", "throughput"))
+    out += check_health(table.select(outside), meta, config, now_wall_s=now_wall_s,
+                        skip=others)
+    src = str((meta.environment if meta else {}).get("mem_source", "")).lower()
+    before = step < window[0] if ("lifetime" in src or "rss" in src) else outside
+    out += check_health(table.select(before), meta, config, now_wall_s=now_wall_s,
+                        skip=tuple(k for k in RULES if k != "memory"))
+    return out
+
+
+def _demote_environment(findings: list[Finding], regimes: Regimes) -> None:
+    """A throughput drop inside a contended or throttled regime is the environment's."""
+    env = regimes.environment()
+    for f in findings:
+        # an info finding too: the rule may have called it contention from preemptions
+        # alone, and the regime's evidence is what explains it
+        if f.category != "throughput_regression" or not f.steps:
+            continue
+        # two change-point methods place one change a few steps apart: a drop within a
+        # regime's first tenth (at least MIN_REGIME_STEPS) before it belongs to it
+        hit = next((r for r in env if r.first_step - max(MIN_REGIME_STEPS, r.steps // 10)
+                    <= f.steps[0] <= r.last_step), None)
+        if hit is not None:
+            _demote(f, f"{hit.name} ran under {hit.cause}")
+
+
+def _compute_info(table: StepTable, findings: list[Finding],
+                  regimes: Regimes) -> Finding | None:
+    """The compute-bound note, over the steady-state regime only: steps the environment
+    slowed say nothing about the model."""
     if any(f.category in PERFORMANCE_CATEGORIES and f.severity != "info" for f in findings):
         return None
-    mask = steady_mask(table)
+    mask = regimes.mask(table)
+    if regimes.steady_regime is not None:
+        r = regimes.steady_regime
+        mask = mask & (table["step"] >= r.first_step) & (table["step"] <= r.last_step)
     t = table.select(mask) if mask.any() else table
     total = float(np.nansum(t["step_time_s"]))
     cols = [c for c in ("forward_s", "backward_s", "forward_backward_s", "optimizer_s")
@@ -293,7 +343,9 @@ def _compute_info(table: StepTable, findings: list[Finding]) -> Finding | None:
         category="compute", severity="info",
         message=f"compute-bound: {' + '.join(c[:-2] for c in cols)} take {frac:.0%} of the "
                 "step; no data, communication or straggler problem found",
-        evidence={"compute_frac": frac, "impact_frac": 0.0}, confidence=0.7,
+        evidence={"compute_frac": frac, "impact_frac": 0.0,
+                  "steps": regimes.steady_regime.name if regimes.steady_regime else None},
+        confidence=0.7,
         rule="diagnose.compute",
         recommendation="Next gains are in the model itself: MFU, kernel fusion, bf16, "
                        "larger micro-batch (see `stepscope report`)")
@@ -303,28 +355,37 @@ def diagnose(table: StepTable, meta: RunMeta | None = None,
              events: Sequence[Mapping[str, Any]] | None = None,
              trace_report: Mapping[str, Any] | None = None,
              config: HealthConfig | None = None, *,
-             now_wall_s: float | None = None) -> Diagnosis:
+             now_wall_s: float | None = None,
+             conditions: Conditions | None = None) -> Diagnosis:
     """Ranked findings, the bottleneck (or None) and advice for one run.
 
     ``events``: records of ``RunDir.read_events()`` (isolation results, integration
     findings, cross-rank gathers). ``trace_report``: a trace breakdown in the
     ``stepscope trace --json`` shape. ``now_wall_s``: UNIX time, for a live run's stall.
+    ``conditions``: ``RunDir.read_conditions()``, evidence for the ``environment`` findings.
     """
     cfg = config or HealthConfig()
-    findings = check_health(table, meta, cfg, now_wall_s=now_wall_s)
+    window = profiler_steps(meta, events or [])
+    findings = _health(table, meta, cfg, now_wall_s, window)
     findings += _event_findings(events or [], len(table.ranks()) if len(table) else 0, cfg)
     loss = _loss_finding(meta, events or [])
     if loss is not None:
         findings.append(loss)
     if trace_report:
         findings += trace_findings(trace_report, cfg)
+    env, regimes = (environment_findings(table, conditions) if len(table)
+                    else ([], Regimes([], None)))
+    findings += env
     _reconcile(findings, table)
-    info = _compute_info(table, findings)
+    _demote_environment(findings, regimes)
+    info = _compute_info(table, findings, regimes)
     if info is not None:
         findings.append(info)
-    # Training health before speed at equal severity: a speed-up of a diverging run is moot.
+    # Training health before speed at equal severity: a speed-up of a diverging run is moot;
+    # the environment (context for the numbers, not a fault of the job) comes last.
     findings.sort(key=lambda f: (severity_rank(f.severity),
-                                 f.category in PERFORMANCE_CATEGORIES, -_impact(f),
+                                 2 if f.category == "environment"
+                                 else int(f.category in PERFORMANCE_CATEGORIES), -_impact(f),
                                  -f.confidence, f.steps[0] if f.steps else -1))
     perf = [f for f in findings
             if f.category in PERFORMANCE_CATEGORIES and f.severity != "info"]

@@ -15,7 +15,7 @@ __all__ = ["Finding", "CATEGORIES", "SEVERITIES", "severity_rank"]
 CATEGORIES: tuple[str, ...] = (
     "data_pipeline", "communication", "compute", "memory", "numerics", "loss_spike",
     "grad_norm", "loss_scale", "lr_schedule", "convergence", "throughput_regression",
-    "straggler", "stall", "logging",
+    "straggler", "stall", "logging", "environment",
 )
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 

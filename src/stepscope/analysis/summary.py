@@ -16,7 +16,11 @@ Conventions (one definition for every report, ledger and index):
   (allocation, autotuning, compilation), then leading steps slower than 1.5x the median of
   the rest, at most 20% of the rank's steps. The 1.5x band and 20% cap are stepscope's
   choices: wide enough to keep normal jitter, narrow enough to drop compile steps.
-* Throughput = sum(tokens) / sum(step_time_s) over steady steps, per rank, summed over
+* The headline numbers (throughput, step time, MFU, shares) come from the steady-state
+  regime (``headline_mask``: warm-up excluded, then the regime of ``analysis.regimes``
+  that the environment does not explain); a run with more than one regime names them in
+  ``regimes`` and ``notes``.
+* Throughput = sum(tokens) / sum(step_time_s) over headline steps, per rank, summed over
   ranks (each data-parallel rank contributes its own tokens).
 * MFU = tokens/s x model FLOPs per token / (devices x dense peak FLOP/s per device)
   (PaLM App. B definition); HFU uses hardware FLOPs per token (recompute counted). Both
@@ -29,6 +33,7 @@ Conventions (one definition for every report, ledger and index):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,9 +41,13 @@ import numpy as np
 
 from ..calc import flops
 from ..schema import AnyArray, RunMeta, StepTable
+from .regimes import Regimes, find_regimes
 
-__all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "run_mfu", "WARMUP_SLOW_FACTOR",
-           "WARMUP_MAX_FRAC"]
+__all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "headline_mask", "Conditions",
+           "run_mfu", "WARMUP_SLOW_FACTOR", "WARMUP_MAX_FRAC"]
+
+# ``RunDir.read_conditions()``: condition samples per rank.
+Conditions = Mapping[int, Sequence[Mapping[str, Any]]]
 
 # Leading steps slower than this factor x the median of the remaining steps are warm-up.
 WARMUP_SLOW_FACTOR = 1.5
@@ -169,6 +178,31 @@ def steady_mask(table: StepTable) -> AnyArray:
     return mask
 
 
+def headline_mask(table: StepTable, conditions: Conditions | None = None
+                  ) -> tuple[AnyArray, Regimes]:
+    """Rows the headline numbers use (steady regime of the steady steps), and the regimes.
+
+    Example::
+
+        mask, regimes = headline_mask(table, run.read_conditions())
+        regimes.steady_regime.name      # "steps 70-149"
+    """
+    steady = steady_mask(table)
+    regimes = find_regimes(table, steady if steady.any() else np.ones(len(table), bool),
+                           conditions)
+    return steady & regimes.mask(table), regimes
+
+
+def _regime_notes(regimes: Regimes) -> list[str]:
+    chosen = regimes.steady_regime
+    if len(regimes.regimes) < 2 or chosen is None:
+        return []
+    parts = [f"{r.name} {r.cause}" + (f" ({r.evidence})" if r.cause != "reference" else "")
+             for r in regimes.regimes]
+    return [f"{len(regimes.regimes)} regimes: " + "; ".join(parts)
+            + f". Headline numbers from the steady-state regime, {chosen.name}"]
+
+
 def _nan_to_none(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
@@ -218,6 +252,9 @@ class Sheet:
     skipped_records: int = 0
     notes: list[str] = field(default_factory=list)
     per_rank: list[RankLine] = field(default_factory=list)
+    # The steady-state regime the headline numbers come from, and every regime (to_dict).
+    steady_regime: str | None = None
+    regimes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -348,15 +385,20 @@ def _loss_stats(table: StepTable) -> tuple[float | None, float | None, float | N
 
 
 def summarize(table: StepTable, meta: RunMeta | None = None,
-              skipped_records: int = 0) -> Sheet:
-    """The sheet of one run (all ranks). Pure: reads the table, returns a ``Sheet``."""
+              skipped_records: int = 0, conditions: Conditions | None = None) -> Sheet:
+    """The sheet of one run (all ranks). Pure: reads the table, returns a ``Sheet``.
+
+    ``conditions`` (``RunDir.read_conditions()``) add evidence to the regimes.
+    """
     ranks = len(table.ranks())
     steps = int(len(np.unique(table["step"]))) if len(table) else 0
     mask = steady_mask(table)
-    steady = table.select(mask) if mask.any() else table
+    head, regimes = headline_mask(table, conditions)
+    steady = table.select(head) if head.any() else table
     notes: list[str] = []
     if len(table) and not mask.any():
         notes.append("too few steps to exclude warm-up; all steps used")
+    notes += _regime_notes(regimes)
     st = steady["step_time_s"]
     st = st[np.isfinite(st)]
     total = float(st.sum()) if st.size else 0.0
@@ -385,4 +427,6 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
         phase_frac=phase_frac, phase_source=phase_source,
         skipped_records=int(skipped_records), notes=notes,
         per_rank=_rank_lines(steady) if ranks > 1 else [],
+        steady_regime=regimes.steady_regime.name if regimes.steady_regime else None,
+        regimes=[r.to_dict() for r in regimes.regimes],
     )

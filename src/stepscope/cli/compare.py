@@ -63,7 +63,9 @@ def compare_cmd(ctx: click.Context, run_a: str, run_b: str, as_json: bool, markd
         if diff_fingerprints(ma, mr)[0]:
             raise ConfigError(f"--repeat {path} is not a repeat of {run_a}: "
                               f"{', '.join(str(d) for d in diff_fingerprints(ma, mr)[0])}")
-    result = compare_runs(ta, ma, tb, mb, ea, eb, seed=seed, baseline_repeats=reps)
+    result = compare_runs(ta, ma, tb, mb, ea, eb, seed=seed, baseline_repeats=reps,
+                          conditions=(RunDir(run_a).read_conditions(),
+                                      RunDir(run_b).read_conditions()))
     _emit_comparison(result, as_json, markdown)
     if result.verdict == "invalid" and not allow_multi:
         ctx.exit(EXIT_INVALID)

@@ -12,8 +12,10 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from ..analysis.summary import run_mfu
+from ..analysis.summary import run_mfu, summarize
 from ..errors import ConfigError
+from ..report.fmt import fmt_num, fmt_pct
+from ..report.regimes_view import headline_note
 from ..schema import RunMeta
 from ..store import RunDir
 
@@ -39,7 +41,16 @@ class _ProgressFeed:
         mfu = run_mfu(tps, self.meta)[0]
         shown = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
         self.progress.update(self.task, advance=1, info=(
-            f"loss {m['loss']:.3f}  {tps:,.0f} tok/s  MFU {shown}"))
+            f"loss {m['loss']:.3f}  now {tps:,.0f} tok/s  MFU {shown}"))
+
+    def finish(self) -> None:
+        """End on the sheet's own headline numbers (one definition: the steady state)."""
+        run = RunDir(self.run_dir)
+        sheet = summarize(run.read_steps()[0], run.read_meta(),
+                          conditions=run.read_conditions())
+        self.progress.update(self.task, info=(
+            f"{headline_note(sheet)}: {fmt_num(sheet.tokens_per_s)} tok/s  "
+            f"MFU {fmt_pct(sheet.mfu)}"))
 
 
 def train_demo(framework: str, run_dir: Path, steps: int, seed: int, slow: bool,
@@ -66,4 +77,6 @@ def train_demo(framework: str, run_dir: Path, steps: int, seed: int, slow: bool,
                   TextColumn("{task.fields[info]}"), transient=False) as progress:
         task = progress.add_task(label, total=steps, info="")
         feed = _ProgressFeed(progress, task, run_dir)
-        return mod.train(run_dir, steps=steps, seed=seed, slow_data=slow, on_step=feed, **kw)
+        kept = mod.train(run_dir, steps=steps, seed=seed, slow_data=slow, on_step=feed, **kw)
+        feed.finish()
+        return kept

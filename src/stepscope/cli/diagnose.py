@@ -98,7 +98,8 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
             click.echo(f"stepscope: note: archived profile skipped: {exc}", err=True)
     # The CLI is the edge that reads the clock: a running run's silence is a live stall.
     now = time.time() if meta.status == "running" else None
-    d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now)
+    d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now,
+                 conditions=rd.read_conditions())
     if as_json:
         emit_json({**d.to_dict(), "read": {**stats.to_dict(),
                                            "meta_problems": rd.meta_problems}})
@@ -146,7 +147,8 @@ def isolate_cmd(what: str, steps: int, warmup: int, out: Path | None, as_json: b
     exp = _run_under_stepscope(exp_dir, command, total, switch)
     base, exp = (t.select(t["step"] >= warmup) for t in (base, exp))
     verdict = data_isolation_verdict if what == "data" else comm_isolation_verdict
-    res: IsolationResult = verdict(base, exp)
+    res: IsolationResult = verdict(base, exp, conditions=(
+        RunDir(base_dir).read_conditions(), RunDir(exp_dir).read_conditions()))
     event = {"type": ISOLATION_EVENT, "kind": what, "result": res.to_dict(),
              "baseline_run": str(base_dir), "experiment_run": str(exp_dir),
              "warmup_steps": warmup, "measured_steps": steps}

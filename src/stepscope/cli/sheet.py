@@ -10,6 +10,8 @@ from ..analysis.diagnose import diagnose, records_lost
 from ..analysis.findings import Finding, severity_rank
 from ..analysis.summary import Sheet, summarize
 from ..report.html import render_html
+from ..report.profile_view import profile_html
+from ..report.serve_data import latest_profile
 from ..schema import RunMeta, StepTable
 from ..store import ReadStats, RunDir
 from .common import load_steps, note_event_problems
@@ -33,8 +35,10 @@ def load_run(path: str | Path) -> LoadedRun:
     rs = load_steps(path)
     events, ev_stats = rs.run.read_events()
     note_event_problems(ev_stats)
-    sheet = summarize(rs.table, rs.meta, skipped_records=rs.stats.skipped)
-    result = diagnose(rs.table, rs.meta, events=events)
+    conditions = rs.run.read_conditions()
+    sheet = summarize(rs.table, rs.meta, skipped_records=rs.stats.skipped,
+                      conditions=conditions)
+    result = diagnose(rs.table, rs.meta, events=events, conditions=conditions)
     findings = sorted(result.findings, key=lambda f: severity_rank(f.severity))
     return LoadedRun(rs.run, rs.meta, rs.table, rs.stats, sheet, findings, events)
 
@@ -42,6 +46,9 @@ def load_run(path: str | Path) -> LoadedRun:
 def write_html(loaded: LoadedRun, out: Path | None = None,
                sections: tuple[tuple[str, str], ...] = ()) -> Path:
     """Render the report and have the store write it (RUN/report.html, or ``out``)."""
+    profile = profile_html(latest_profile(loaded.run))
+    if profile:
+        sections = (*sections, ("Latest profile", profile))
     text = render_html(loaded.sheet, loaded.meta, loaded.table, loaded.findings, sections)
     return loaded.run.write_report(text, out)
 

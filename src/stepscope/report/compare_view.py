@@ -28,7 +28,7 @@ __all__ = ["render_comparison", "render_index", "render_scaling"]
 
 _VERDICT_STYLE = {"landed": "bold green", "not landed": "bold yellow", "invalid": "bold red",
                   "faster": "green", "slower": "red", "holds": "green", "regressed": "red",
-                  "better": "green", "worse": "red"}
+                  "better": "green", "worse": "red", "inconclusive": "bold magenta"}
 # How each speed metric is shown: label and value formatter.
 _SPEED_FMT: dict[str, tuple[str, str]] = {
     "step_time_s": ("step time (median)", "s"), "tokens_per_s": ("tokens/s", "num"),
@@ -80,7 +80,10 @@ def _speed_table(r: Comparison) -> Table:
         ci = (f"{_signed_pct(m.ci_rel[0])} … {_signed_pct(m.ci_rel[1])}"
               if m.ci_rel else "—")
         noise = f"±{100 * m.noise_rel:.1f}%" if m.noise_rel is not None else "—"
-        t.add_row(label, _v(m.a, kind), _v(m.b, kind), _signed_pct(m.diff_rel), ci, noise,
+        # a share near zero reads in percentage points (0.0% -> 0.1% is +0.1 pp, not +300%)
+        diff = (f"{m.diff_pp:+.1f} pp" if m.diff_pp is not None
+                else _signed_pct(m.diff_rel))
+        t.add_row(label, _v(m.a, kind), _v(m.b, kind), diff, ci, noise,
                   _styled(m.change))
     used = r.speed.steps_used
     ex = r.speed.excluded
@@ -114,7 +117,10 @@ def render_comparison(console: Console, r: Comparison) -> None:
         if d.warning:
             console.print(f"  [yellow]trap: {escape(d.warning)}[/yellow]")
     for d in r.environment:
-        console.print(f"  [dim]environment: {escape(d.warning or str(d))}[/dim]")
+        style = "yellow" if d.condition else "dim"
+        console.print(f"  [{style}]environment: {escape(d.warning or str(d))}[/{style}]")
+    if r.speed.reason:
+        console.print(f"  [dim]speed: {escape(r.speed.reason)}[/dim]")
     for w in r.quality.warnings:
         if not any(w == d.warning for d in r.differing):
             console.print(f"  [yellow]{escape(w)}[/yellow]")

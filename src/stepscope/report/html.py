@@ -20,6 +20,7 @@ from ..analysis.summary import Sheet
 from ..schema import RunMeta, StepTable
 from .fleet import fleet_matrix, fleet_svgs, slowest_ranks
 from .fmt import fmt_bytes, fmt_num, fmt_pct
+from .regimes_view import REGIME_HEADER, conditions_line, headline_note, regime_rows
 
 __all__ = ["render_html"]
 
@@ -63,14 +64,15 @@ def _cards(s: Sheet) -> str:
     result = [("loss (last)", fmt_num(s.loss_last), f"first {fmt_num(s.loss_first)}"),
               ("perplexity", fmt_num(s.perplexity), "exp(last loss)"),
               ("accuracy", fmt_pct(s.accuracy_last), "last step")]
-    eff = [("tokens/s", fmt_num(s.tokens_per_s), "steady state, all ranks"),
+    eff = [("tokens/s", fmt_num(s.tokens_per_s), f"{headline_note(s)}, all ranks"),
            ("samples/s", fmt_num(s.samples_per_s), ""),
            ("step time", fmt_num(s.step_time_s, "s"), f"p90 {fmt_num(s.step_time_p90_s, 's')}"),
            ("MFU", fmt_pct(s.mfu), s.mfu_note), ("HFU", fmt_pct(s.hfu), "incl. recompute")]
     system = [("memory peak", fmt_bytes(s.mem_peak_bytes), s.mem_source),
               ("data-wait share", fmt_pct(s.data_wait_frac), "blocked in next(loader)"),
               ("comm share", fmt_pct(s.comm_frac), "recorded collectives"),
-              ("exposed comm", fmt_pct(s.comm_exposed_frac), "not overlapped")]
+              ("exposed comm", fmt_pct(s.comm_exposed_frac), "not overlapped"),
+              ("conditions", "", conditions_line(s) or "not recorded")]
     cards = [("Result — converging?", result), ("Efficiency — how fast?", eff),
              ("System — resources fed?", system)]
     return "<div class=grid>" + "".join(
@@ -93,6 +95,16 @@ def _split(s: Sheet) -> str:
 
 # Rank rows listed in the table; the rest of a large fleet is in the plots and the heatmap.
 _RANK_ROWS = 16
+
+
+def _regimes(s: Sheet) -> str:
+    rows = regime_rows(s)
+    if not rows:
+        return ""
+    head = "".join(f"<th>{_e(c)}</th>" for c in REGIME_HEADER)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return ("<h2>Regimes (* = steady state, used by the headline numbers)</h2>"
+            f"<table><tr>{head}</tr>{body}</table>")
 
 
 def _ranks(s: Sheet) -> str:
@@ -198,6 +210,7 @@ def render_html(sheet: Sheet, meta: RunMeta | None, table: StepTable,
             f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>"
             f"<div class=sub>{_e(sub)}</div>{skipped}"
             f"<h2>Health-check sheet</h2>{_cards(sheet)}"
+            f"{_regimes(sheet)}"
             f"<h2>Where a step's time goes</h2>{_split(sheet)}{_ranks(sheet)}"
             f"<h2>Findings</h2>{_findings(findings)}{extra}"
             f"<h2>Curves</h2>{_plots(table) if len(table) else ''}"

@@ -37,7 +37,7 @@ from ..index import INDEX_FILE, build_index, query_index
 from ..schema import AnyArray, RunMeta, StepTable
 from ..store import RunDir
 
-__all__ = ["Dashboard", "NotFound", "series_doc", "run_doc"]
+__all__ = ["Dashboard", "NotFound", "series_doc", "run_doc", "latest_profile"]
 
 # Events the run page shows (the rest of events.jsonl is the tools' own bookkeeping).
 _SHOWN_EVENTS = ("finding", "alert", "isolation", "profile", "warning", "cross_rank")
@@ -141,8 +141,9 @@ class Dashboard:
         run = RunDir.open(path)
         meta = run.read_meta()
         table, stats = run.read_steps()
-        loaded = _Loaded(sig, meta, table, summarize(table, meta, skipped_records=stats.skipped),
-                         list(stats.problems), stats.skipped)
+        sheet = summarize(table, meta, skipped_records=stats.skipped,
+                          conditions=run.read_conditions())
+        loaded = _Loaded(sig, meta, table, sheet, list(stats.problems), stats.skipped)
         with self._lock:
             self._cache[rel] = loaded
             while len(self._cache) > _CACHE_RUNS:
@@ -168,7 +169,8 @@ class Dashboard:
         with self._loading.setdefault(rel, threading.Lock()):
             if loaded.findings is None:
                 events, _ = run.read_events()
-                loaded.findings = (diagnose(loaded.table, loaded.meta, events=events).findings
+                loaded.findings = (diagnose(loaded.table, loaded.meta, events=events,
+                                            conditions=run.read_conditions()).findings
                                    if len(loaded.table) else [])
             return loaded.findings
 
@@ -199,10 +201,11 @@ def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet
     events, _ = run.read_events()
     shown = [e for e in events if e.get("type") in _SHOWN_EVENTS]
     if findings is None:
-        findings = diagnose(table, meta, events=events).findings if len(table) else []
+        findings = (diagnose(table, meta, events=events,
+                             conditions=run.read_conditions()).findings if len(table) else [])
     return {"path": rel, "meta": meta.to_dict(), "sheet": sheet.to_dict(),
             "findings": [f.to_dict() for f in findings], "events": shown[-200:],
-            "read_problems": list(problems), "profile": _latest_profile(run)}
+            "read_problems": list(problems), "profile": latest_profile(run)}
 
 
 def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_points: int = 2000,
@@ -250,7 +253,7 @@ def _heatmap(table: StepTable, cols: int) -> dict[str, Any]:
             "values": [_floats(row) for row in grid.values]}
 
 
-def _latest_profile(run: RunDir) -> dict[str, Any] | None:
+def latest_profile(run: RunDir) -> dict[str, Any] | None:
     """The newest archived profile's analysis (written beside it by `stepscope run`)."""
     dirs = run.profile_dirs()
     for d in reversed(dirs):

@@ -21,6 +21,7 @@ from ..analysis.findings import Finding
 from ..analysis.summary import Sheet
 from ..schema import RunMeta
 from .fmt import fmt_bytes, fmt_num, fmt_pct
+from .regimes_view import REGIME_HEADER, conditions_line, headline_note, regime_rows
 
 __all__ = ["render_sheet", "fmt_bytes", "fmt_pct", "fmt_num", "PHASE_STYLE", "phase_bar"]
 
@@ -67,7 +68,7 @@ def _result_rows(s: Sheet) -> list[tuple[str, str, str]]:
 def _efficiency_rows(s: Sheet) -> list[tuple[str, str, str]]:
     steady = f"{s.steps - s.warmup_steps} steady steps, {s.warmup_steps} warm-up excluded"
     return [
-        ("tokens/s", fmt_num(s.tokens_per_s), f"all ranks; {steady}"),
+        ("tokens/s", fmt_num(s.tokens_per_s), f"all ranks; {headline_note(s)}; {steady}"),
         ("samples/s", fmt_num(s.samples_per_s), ""),
         ("step time", fmt_num(s.step_time_s, "s"),
          f"median; p90 {fmt_num(s.step_time_p90_s, 's')}"),
@@ -84,7 +85,18 @@ def _system_rows(s: Sheet) -> list[tuple[str, str, str]]:
         ("data-wait share", fmt_pct(s.data_wait_frac), "time blocked in next(loader)"),
         ("comm share", fmt_pct(s.comm_frac), comm_where),
         ("exposed comm", fmt_pct(s.comm_exposed_frac), "comm with no compute running"),
+        ("conditions", "", conditions_line(s) or "not recorded"),
     ]
+
+
+def _regimes_table(s: Sheet) -> Table:
+    t = Table(title="Regimes (* = steady state, used by the headline numbers)",
+              title_justify="left", box=None, header_style="bold", expand=False)
+    for col in REGIME_HEADER:
+        t.add_column(col, justify="left" if col in ("regime", "cause") else "right")
+    for row in regime_rows(s):
+        t.add_row(*(escape(c) for c in row))
+    return t
 
 
 def _split_panel(s: Sheet) -> Group:
@@ -143,6 +155,7 @@ def render_sheet(console: Console, sheet: Sheet, meta: RunMeta | None,
         _layer_table("Efficiency — how fast?", _efficiency_rows(sheet)), Text(""),
         _layer_table("System — are resources fed?", _system_rows(sheet)), Text(""),
         Text("Where a step's time goes", style="bold"), _split_panel(sheet), Text(""),
+        *((_regimes_table(sheet), Text("")) if regime_rows(sheet) else ()),
         *((_ranks_table(sheet), Text("")) if sheet.per_rank else ()),
         Text("Top findings", style="bold"), _findings_table(findings, limit), *extra,
     )

@@ -19,6 +19,7 @@ from rich.text import Text
 from ..analysis.trace.breakdown import RankReport, TraceReport
 from ..analysis.trace.diff import TraceDiff
 from ..analysis.trace.steps import BAR_PHASES, StepRow
+from .names import fit_names, name_width
 
 __all__ = ["render_trace_report", "render_trace_diff", "BAR_STYLE"]
 
@@ -26,7 +27,9 @@ BAR_STYLE: dict[str, str] = {
     "data": "red", "forward": "cyan", "backward": "blue", "comm_exposed": "magenta",
     "optimizer": "green", "other": "grey50", "idle": "grey23",
 }
-_OP_WIDTH = 24  # op-name column; kernel names run to hundreds of characters
+# Characters the other columns of the op tables take (values, borders, padding).
+_OPS_OTHER_COLS = 66
+_DIFF_OTHER_COLS = 58
 _MAX_STEP_ROWS = 12  # per rank; longer traces show the first ones and say so
 
 
@@ -94,15 +97,17 @@ def _step_section(console: Console, rep: RankReport, width: int) -> None:
         console.print(f"  ... {len(rep.steps) - _MAX_STEP_ROWS} more steps (see --json)")
 
 
-def _ops_table(report: TraceReport, top: int) -> Table:
+def _ops_table(report: TraceReport, top: int, console_width: int) -> Table:
     tab = Table(title=f"Top {top} ops", title_justify="left")
+    width = name_width(console_width, _OPS_OTHER_COLS)
     for col in ("op", "kind", "count", "total ms", "self ms", "share", "queue µs"):
         tab.add_column(col, justify="left" if col in ("op", "kind") else "right",
-                       overflow="ellipsis", no_wrap=True,
+                       overflow="fold", no_wrap=col != "op",
                        min_width=None if col == "op" else len(col),
-                       max_width=_OP_WIDTH if col == "op" else None)
-    for o in report.top_ops[:top]:
-        tab.add_row(escape(o.name), o.kind, str(o.count), _ms(o.total_us), _ms(o.self_us),
+                       max_width=width if col == "op" else None)
+    ops = report.top_ops[:top]
+    for o, name in zip(ops, fit_names([o.name for o in ops], width), strict=True):
+        tab.add_row(escape(name), o.kind, str(o.count), _ms(o.total_us), _ms(o.self_us),
                     f"{o.share_pct:.1f}%",
                     "-" if o.queue_mean_us is None else f"{o.queue_mean_us:.1f}")
     return tab
@@ -118,14 +123,18 @@ def render_trace_report(console: Console, report: TraceReport, top: int = 10) ->
         console.print(_legend())
     c = report.comparison
     if c is not None:
+        # A difference that rounds to 0.0 ms names no phase (issue 11: "+0.0 ms").
+        differs = (f"it differs most in [bold]{c.differing_phase}[/bold] "
+                   f"({c.phase_delta_us / 1000:+.1f} ms per step vs the other ranks)"
+                   if abs(c.phase_delta_us) >= 50 else
+                   "no phase differs by 0.1 ms per step or more from the other ranks")
         console.print(
             f"Slowest rank: {c.slowest_rank} (median step {c.slower_by_pct:.1f}% longer than "
             f"rank {c.fastest_rank}). Longest working time: rank {c.straggler_rank}"
             + (f" (straggler score {c.straggler_score:.2f})" if c.straggler_score else "")
-            + f"; it differs most in [bold]{c.differing_phase}[/bold] "
-            f"({c.phase_delta_us / 1000:+.1f} ms per step vs the other ranks).")
+            + f"; {differs}.")
     if report.top_ops:
-        console.print(_ops_table(report, top))
+        console.print(_ops_table(report, top, console.width))
     for note in report.conventions:
         console.print(f"[dim]convention: {escape(note)}[/dim]")
     for w in report.warnings:
@@ -144,12 +153,14 @@ def render_trace_diff(console: Console, diff: TraceDiff, top: int = 20) -> None:
     console.print(ph)
     ops = Table(title=f"Ops (µs per step, largest changes first, top {top})",
                 title_justify="left")
+    width = name_width(console.width, _DIFF_OTHER_COLS)
     for col in ("op", "kind", "A", "B", "delta", "status"):
         ops.add_column(col, justify="left" if col in ("op", "kind", "status") else "right",
-                       overflow="ellipsis", no_wrap=True,
+                       overflow="fold", no_wrap=col != "op",
                        min_width=None if col == "op" else 7,
-                       max_width=_OP_WIDTH if col == "op" else None)
-    for o in diff.ops[:top]:
-        ops.add_row(escape(o.name), o.kind, f"{o.a_us_per_step:.1f}",
+                       max_width=width if col == "op" else None)
+    shown = diff.ops[:top]
+    for o, name in zip(shown, fit_names([o.name for o in shown], width), strict=True):
+        ops.add_row(escape(name), o.kind, f"{o.a_us_per_step:.1f}",
                     f"{o.b_us_per_step:.1f}", f"{o.delta_us_per_step:+.1f}", o.status)
     console.print(ops)

@@ -13,6 +13,15 @@ variables: the global batch is an optimisation variable of its own, whatever set
 A variable recorded in only one run cannot be confirmed equal: it is listed with the
 environment warnings, not counted.
 
+Before any speed call, the two runs' own records of their conditions are compared
+(``analysis.environment``: CPU per wall-second, preemptions, other processes, steal,
+clocks). When they differ beyond the runs' noise, the speed verdict and the verdict are
+``inconclusive``, the differences are listed under ``environment`` with their numbers, and
+nothing is called ``landed``, ``faster`` or ``slower``.
+
+Baseline variables are compared after normalisation (``normalise``: case, spacing and the
+aliases of ``ALIASES``), so "AdamW" against "adamw" is not a change.
+
 The classic trap is flagged: global batch raised without a larger LR or longer warm-up
 (field report: "a global batch raised from 1024 to 4096 without a larger LR or longer
 warmup flattens the loss curve").
@@ -21,7 +30,7 @@ Example::
 
     from stepscope.analysis.compare import compare_runs
     result = compare_runs(table_a, meta_a, table_b, meta_b, evals_a, evals_b, seed=0)
-    result.verdict                    # "landed" | "not landed" | "invalid"
+    result.verdict                    # "landed" | "not landed" | "invalid" | "inconclusive"
     result.to_dict()                  # the `stepscope compare --json` document
 """
 
@@ -33,12 +42,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...schema import BASELINE_FIELDS, ENVIRONMENT_FIELDS, RunMeta, StepTable
+from ..environment import ConditionDiff, condition_differences
+from ..summary import Conditions
 from .quality import EVAL_TOLERANCE_REL, QualityLedger, quality_ledger
-from .speed import MIN_EFFECT_REL, N_BOOT, SpeedLedger, speed_ledger
+from .speed import MIN_EFFECT_REL, N_BOOT, SpeedLedger, mark_inconclusive, speed_ledger
 
 __all__ = [
     "Difference", "Comparison", "diff_fingerprints", "compare_runs", "batch_trap",
-    "DERIVED", "JSON_KEYS", "VERDICTS",
+    "DERIVED", "JSON_KEYS", "VERDICTS", "ALIASES", "normalise",
 ]
 
 # A variable is not counted as a separate change when one of these also differs.
@@ -53,7 +64,15 @@ DERIVED: dict[str, tuple[str, ...]] = {
 }
 # The `stepscope compare --json` top-level keys (issue 7), in order.
 JSON_KEYS: tuple[str, ...] = ("verdict", "differing", "environment", "speed", "quality")
-VERDICTS: tuple[str, ...] = ("landed", "not landed", "invalid")
+VERDICTS: tuple[str, ...] = ("landed", "not landed", "invalid", "inconclusive")
+# Spellings of one value (after lower-casing and dropping spaces, "-" and "_"): the names
+# frameworks and configs use for the same precision, optimizer or switch.
+ALIASES: dict[str, str] = {
+    "float32": "fp32", "torch.float32": "fp32", "single": "fp32",
+    "float16": "fp16", "torch.float16": "fp16", "half": "fp16",
+    "bfloat16": "bf16", "torch.bfloat16": "bf16",
+    "adamweightdecay": "adamw", "off": "none", "false": "none", "no": "none",
+}
 
 
 @dataclass(frozen=True)
@@ -65,10 +84,16 @@ class Difference:
     b: Any
     derived_from: str | None = None  # the differing variable this one follows from
     warning: str | None = None
+    condition: str | None = None  # a run condition: "contention" | "throttling" | "waiting"
 
     def to_dict(self) -> dict[str, Any]:
         return {"variable": self.variable, "a": self.a, "b": self.b,
-                "derived_from": self.derived_from, "warning": self.warning}
+                "derived_from": self.derived_from, "warning": self.warning,
+                "condition": self.condition}
+
+    @classmethod
+    def of_condition(cls, d: ConditionDiff) -> Difference:
+        return cls(d.name, d.a, d.b, warning=d.message, condition=d.kind)
 
     def __str__(self) -> str:
         return f"{self.variable} {_fmt(self.a)}\u2192{_fmt(self.b)}"
@@ -80,13 +105,22 @@ def _fmt(v: Any) -> str:
     return "unset" if v is None else str(v)
 
 
+def normalise(v: Any) -> Any:
+    """A recorded value in a comparable spelling: strings lower-cased, spaces, "-" and "_"
+    dropped, aliases resolved ("AdamW" == "adamw", "bfloat16" == "bf16")."""
+    if isinstance(v, str):
+        key = v.strip().lower().replace(" ", "").replace("-", "").replace("_", "")
+        return ALIASES.get(key, key)
+    return v
+
+
 def _same(a: Any, b: Any) -> bool:
-    """Equal as recorded; numbers compare by value (8 == 8.0, 1e-3 == 0.001)."""
+    """Equal as recorded after ``normalise``; numbers compare by value (8 == 8.0)."""
     num = (int, float)
     if isinstance(a, num) and isinstance(b, num) and not isinstance(a, bool) \
             and not isinstance(b, bool):
         return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
-    return bool(a == b)
+    return bool(normalise(a) == normalise(b))
 
 
 def _as_float(v: Any) -> float | None:
@@ -186,6 +220,8 @@ def _verdict(independent: Sequence[Difference], speed: SpeedLedger,
         return "invalid", [f"{len(independent)} variables differ: {listed}; change one "
                            "variable at a time against the baseline"]
     reasons = [f"speed: {speed.verdict}", f"quality: {quality.verdict}"]
+    if speed.verdict == "inconclusive":
+        return "inconclusive", [*reasons, speed.reason]
     landed = speed.verdict == "faster" and quality.verdict == "holds"
     return ("landed" if landed else "not landed"), reasons
 
@@ -196,11 +232,13 @@ def compare_runs(table_a: StepTable, meta_a: RunMeta, table_b: StepTable, meta_b
                  n_boot: int = N_BOOT, min_effect_rel: float = MIN_EFFECT_REL,
                  eval_tolerance_rel: float = EVAL_TOLERANCE_REL,
                  baseline_repeats: Sequence[tuple[StepTable, RunMeta | None]] = (),
+                 conditions: tuple[Conditions | None, Conditions | None] = (None, None),
                  ) -> Comparison:
     """Compare run B against baseline A. Pure: reads tables and metadata, returns data.
 
     ``seed`` drives the bootstrap, so the same inputs always give the same intervals.
     ``baseline_repeats`` (runs of A's configuration) measure run-to-run noise.
+    ``conditions``: each run's ``RunDir.read_conditions()`` (host/device samples).
 
     Example::
 
@@ -211,7 +249,15 @@ def compare_runs(table_a: StepTable, meta_a: RunMeta, table_b: StepTable, meta_b
     """
     differing, environment = diff_fingerprints(meta_a, meta_b)
     speed = speed_ledger(table_a, meta_a, table_b, meta_b, seed=seed, n_boot=n_boot,
-                         min_effect_rel=min_effect_rel, baseline_repeats=baseline_repeats)
+                         min_effect_rel=min_effect_rel, baseline_repeats=baseline_repeats,
+                         conditions=conditions)
+    cond = condition_differences(table_a, conditions[0], table_b, conditions[1])
+    if cond:
+        environment = [*environment, *(Difference.of_condition(d) for d in cond)]
+        mark_inconclusive(speed, (
+            f"the runs' conditions differ ({'; '.join(d.message for d in cond)}), so the "
+            "speed difference cannot be attributed to the change; rerun both on a quiet "
+            "host, interleave them, or measure the noise with `--repeat`"))
     quality = quality_ledger(table_a, table_b, evals_a, evals_b,
                              eval_tolerance_rel=eval_tolerance_rel)
     trap = batch_trap(meta_a.baseline, meta_b.baseline)

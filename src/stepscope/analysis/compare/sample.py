@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...schema import RunMeta, StepTable
-from ..summary import steady_mask, summarize
+from ..summary import Conditions, headline_mask, steady_mask, summarize
 
 __all__ = ["StepSample", "step_sample", "MetricSpec", "METRICS", "Stat", "PerStep",
            "split_half_rel", "spread_rel", "OUTLIER_Z", "CHUNK_FLOATS", "FloatArray"]
@@ -139,10 +139,13 @@ def _matrix(table: StepTable, col: str, step_pos: npt.NDArray[np.int64],
     return out
 
 
-def step_sample(table: StepTable, meta: RunMeta | None = None) -> StepSample:
-    """Steady-state, outlier-free steps of one run (pure; the table is not modified)."""
+def step_sample(table: StepTable, meta: RunMeta | None = None,
+                conditions: Conditions | None = None) -> StepSample:
+    """Steady-state, outlier-free steps of one run (pure; the table is not modified):
+    the headline steps of ``summary.headline_mask`` (the steady-state regime)."""
     mask = steady_mask(table)
-    steady = table.select(mask) if mask.any() else table
+    head, _ = headline_mask(table, conditions)
+    steady = table.select(head) if head.any() else table
     steady = steady.select(np.isfinite(steady["step_time_s"]))
     steps, step_pos = np.unique(steady["step"], return_inverse=True)
     ranks, rank_pos = np.unique(steady["rank"], return_inverse=True)
@@ -156,7 +159,7 @@ def step_sample(table: StepTable, meta: RunMeta | None = None) -> StepSample:
     t, p = cols["step_time_s"][keep], present[keep]
     unit = np.nonzero(p)[0]
     order = np.argsort(t[p], kind="stable")
-    sheet = summarize(table, meta)
+    sheet = summarize(table, meta, conditions=conditions)
     factor = sheet.mfu / sheet.tokens_per_s if sheet.mfu and sheet.tokens_per_s else None
     return StepSample(
         step_time=t, tokens=cols["tokens"][keep],

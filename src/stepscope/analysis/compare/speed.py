@@ -22,6 +22,12 @@ Example::
 
     ledger = speed_ledger(table_a, meta_a, table_b, meta_b, seed=0)
     ledger.verdict            # "faster" | "slower" | "no significant difference"
+                              # | "inconclusive" (set by compare_runs when conditions differ)
+    ledger.reason             # one sentence: why
+
+Shares (``*_frac``, 0..1) are also compared in percentage points (``diff_pp``): a share
+near zero (0.0% -> 0.1% data wait) is "+0.1 pp", not "+297.6%", and a share change smaller
+than ``MIN_SHARE_DIFF`` is never called a change.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ...schema import RunMeta, StepTable
+from ..summary import Conditions
 from .sample import (
     CHUNK_FLOATS,
     METRICS,
@@ -47,13 +54,16 @@ from .sample import (
 
 __all__ = [
     "SpeedMetric", "SpeedLedger", "speed_ledger", "MIN_EFFECT_REL", "N_BOOT", "CI_LEVEL",
-    "MAX_BOOT_UNITS",
+    "MAX_BOOT_UNITS", "MIN_SHARE_DIFF", "mark_inconclusive",
 ]
 
 # Smallest relative difference ever called a change. stepscope's default (the field report
 # gives none): below ~1% step-time medians of identical runs disagree even on a dedicated
 # accelerator. Pass ``min_effect_rel`` to change it.
 MIN_EFFECT_REL = 0.01
+# Smallest change of a share of step time ever called a change: 1 percentage point (the
+# health rules' data-wait threshold is 5 pp; below 1 pp is timer jitter on a shared host).
+MIN_SHARE_DIFF = 0.01
 # Bootstrap replicates and interval level: 2000 replicates keep the 95% percentile
 # interval's Monte-Carlo error small (Efron & Tibshirani 1993, sec. 19.3 suggest >= 1000).
 N_BOOT = 2000
@@ -81,11 +91,17 @@ class SpeedMetric:
     ci_rel: tuple[float, float] | None = None
     noise_rel: float | None = None
     change: str = "unknown"  # "better" | "worse" | "no significant difference" | "unknown"
+    diff_pp: float | None = None  # shares only: B - A in percentage points
+
+    @property
+    def is_share(self) -> bool:
+        return self.name.endswith("_frac")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "a": self.a, "b": self.b, "better": self.better, "diff": self.diff,
-            "diff_rel": self.diff_rel, "ci": list(self.ci) if self.ci else None,
+            "diff_rel": self.diff_rel, "diff_pp": self.diff_pp,
+            "ci": list(self.ci) if self.ci else None,
             "ci_rel": list(self.ci_rel) if self.ci_rel else None,
             "noise_rel": self.noise_rel, "change": self.change,
         }
@@ -93,17 +109,19 @@ class SpeedMetric:
 
 @dataclass
 class SpeedLedger:
-    verdict: str  # "faster" | "slower" | "no significant difference"
+    verdict: str  # "faster" | "slower" | "no significant difference" | "inconclusive"
     primary: str | None
     metrics: dict[str, SpeedMetric]
     steps_used: tuple[int, int]
     excluded: dict[str, tuple[int, int]] = field(default_factory=dict)
     ci_level: float = CI_LEVEL
     seed: int = 0
+    reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: m.to_dict() for k, m in self.metrics.items()}
-        out.update(verdict=self.verdict, primary=self.primary, ci_level=self.ci_level,
+        out.update(verdict=self.verdict, reason=self.reason, primary=self.primary,
+                   ci_level=self.ci_level,
                    steps_used=list(self.steps_used), seed=self.seed,
                    excluded={k: list(v) for k, v in self.excluded.items()})
         return out
@@ -190,6 +208,10 @@ def _metric(name: str, sa: StepSample, sb: StepSample, repeats: Sequence[StepSam
     noise = _noise(name, sa, sb, repeats, a, min_effect_rel)
     m.noise_rel = _none(noise)
     m.change = _judge(m, m.ci_rel, noise)
+    if m.is_share:
+        m.diff_pp = 100.0 * m.diff
+        if abs(m.diff) < MIN_SHARE_DIFF:
+            m.change = "no significant difference"
     return m
 
 
@@ -209,10 +231,30 @@ def _memory(sa: StepSample, sb: StepSample) -> SpeedMetric:
     return m
 
 
+def _reason(verdict: str, primary: str | None, metrics: dict[str, SpeedMetric]) -> str:
+    m = metrics.get(primary) if primary else None
+    if m is None or m.diff_rel is None or m.ci_rel is None:
+        return "the runs share no speed metric with data in both, so nothing was compared"
+    lo, hi = m.ci_rel
+    noise = f"{m.noise_rel:.1%}" if m.noise_rel is not None else "unknown"
+    what = (f"{m.name} {m.diff_rel:+.1%} (95% CI {lo:+.1%}..{hi:+.1%}) against the runs' "
+            f"own noise of {noise}")
+    if verdict == "no significant difference":
+        return f"{what}: the difference is within the noise or the interval includes zero"
+    return f"{what}: B is {verdict}"
+
+
+def mark_inconclusive(ledger: SpeedLedger, why: str) -> None:
+    """The runs' conditions differ: no speed call can be attributed to the change."""
+    ledger.verdict = "inconclusive"
+    ledger.reason = why
+
+
 def speed_ledger(table_a: StepTable, meta_a: RunMeta | None, table_b: StepTable,
                  meta_b: RunMeta | None, *, seed: int = 0, n_boot: int = N_BOOT,
                  min_effect_rel: float = MIN_EFFECT_REL,
                  baseline_repeats: Sequence[tuple[StepTable, RunMeta | None]] = (),
+                 conditions: tuple[Conditions | None, Conditions | None] = (None, None),
                  ) -> SpeedLedger:
     """Speed metrics of B against baseline A, each with a bootstrap interval and a call.
 
@@ -224,7 +266,8 @@ def speed_ledger(table_a: StepTable, meta_a: RunMeta | None, table_b: StepTable,
         ledger = speed_ledger(ta, ma, tb, mb, seed=0)
         ledger.metrics["tokens_per_s"].ci_rel    # e.g. (0.081, 0.094): B is 8-9% faster
     """
-    sa, sb = step_sample(table_a, meta_a), step_sample(table_b, meta_b)
+    sa = step_sample(table_a, meta_a, conditions[0])
+    sb = step_sample(table_b, meta_b, conditions[1])
     repeats = [step_sample(t, m) for t, m in baseline_repeats]
     metrics: dict[str, SpeedMetric] = {}
     if sa.n_steps and sb.n_steps:
@@ -240,6 +283,7 @@ def speed_ledger(table_a: StepTable, meta_a: RunMeta | None, table_b: StepTable,
     return SpeedLedger(
         verdict=verdict, primary=primary, metrics=metrics,
         steps_used=(sa.n_steps, sb.n_steps), seed=seed,
+        reason=_reason(verdict, primary, metrics),
         excluded={"warmup_rows": (sa.warmup_rows, sb.warmup_rows),
                   "outlier_steps": (sa.outlier_steps, sb.outlier_steps)},
     )

@@ -233,14 +233,15 @@ def _rank_throughput(t: StepTable, r: int, ctx: HealthContext) -> Finding | None
         q = max(1, n // 4)
         a, b, drop = q0, q1, 1 - q1 / q0
         sel = (np.arange(n) < q, np.arange(n) >= n - q)
-        msg = (f"throughput declines progressively: {a:.4g} -> {b:.4g} {unit} (-{drop:.0%}) "
+        msg = (f"throughput declines progressively: {_num(a)} -> {_num(b)} {unit} (-{drop:.0%}) "
                f"from step {int(steps[0])} to {int(steps[-1])}")
         span = (int(steps[0]), int(steps[-1]))
     else:
         assert k is not None
         a, b, drop = before, after, 1 - after / before
         sel = (np.arange(n) < k, np.arange(n) >= k)
-        msg = f"throughput dropped at step {int(steps[k])}: {a:.4g} -> {b:.4g} {unit} (-{drop:.0%})"
+        msg = (f"throughput dropped at step {int(steps[k])}: {_num(a)} -> {_num(b)} {unit} "
+               f"(-{drop:.0%})")
         span = (int(steps[k]), int(steps[-1]))
     phase, uniform = _slowdown_by_phase(t, r, ok, sel)
     _, st = rank_series(t, r, "step_time_s")
@@ -338,6 +339,11 @@ def _waiting_or_contention(t: StepTable, r: int, ok: AnyArray, sel: tuple[AnyArr
         if np.isfinite(pb) and np.isfinite(pa) and pa >= 2 * pb and pa - pb >= 1:
             return "contention"
     return "waiting"
+
+
+def _num(x: float) -> str:
+    """A rate for people: 28,749 (not 2.875e+04)."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
 def _finite_median(x: AnyArray) -> float:

@@ -188,7 +188,7 @@ def rule_convergence(ctx: HealthContext) -> list[Finding]:
         out.append(Finding(
             category="convergence", severity="warning" if stuck else "info",
             message=(f"loss is abnormally flat early: {e0:.4g} -> {e1:.4g} over the first "
-                     f"{n_early} logged steps ({(e0 - e1) / scale:+.2%})"),
+                     f"{n_early} logged steps (a {(e1 - e0) / scale:+.2%} change)"),
             evidence={"early_start_median": e0, "early_end_median": e1,
                       "early_drop_frac": (e0 - e1) / scale, "early_points": n_early,
                       "total_drop_frac": (e0 - last) / scale},

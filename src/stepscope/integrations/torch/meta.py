@@ -273,6 +273,7 @@ def stop_profiler(st: AutoState) -> None:
     if prof is None:
         return
     st.profiler = None
+    st.marks.close_all()  # a phase still open (the run ended inside it) ends here
     try:
         prof.stop()
     except Exception as exc:

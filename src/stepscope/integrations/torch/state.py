@@ -31,6 +31,7 @@ from ...rank import resolve_rank
 from ...recorder import Recorder
 from ...session import StepSession
 from . import ddp
+from .marks import PhaseMarks
 from .probes import MemProbe, batch_counts
 from .settings import Settings
 from .values import (
@@ -97,6 +98,7 @@ class AutoState:
         self.comm = ddp.CommTimer(clock=clock, wall=time.time)
         self.comm.phase = self._phase_now
         self.profiler: Any = None
+        self.marks = PhaseMarks(torch)
         self.rank = resolve_rank()  # the environment's until the recorder is made
         self.first_micro = 0
         self.pid = os.getpid()
@@ -216,11 +218,14 @@ class AutoState:
 
     # -- device-time marks (CUDA events; nothing on CPU) --------------------------------
     def dev_begin(self, phase: str) -> None:
-        """Mark a phase start on the current CUDA stream (no host synchronisation)."""
+        """Mark a phase start on the current CUDA stream (no host synchronisation), and
+        in the profiler capture while one runs (``marks``)."""
+        self.marks.begin(phase, active=self.profiler is not None)
         if self.cuda:
             self.dev_open[phase] = self._event()
 
     def dev_end(self, phase: str) -> None:
+        self.marks.end(phase)
         start = self.dev_open.pop(phase, None) if self.cuda else None
         if start is not None:
             self.cur.dev.append((phase, start, self._event()))
