@@ -218,7 +218,9 @@ class Dispatcher:
     def _send(self, s: _Sink, now: float) -> None:
         batch = list(s.outbox)
         outcome = self._deliver(s, batch)
-        s.limiter.record(now)
+        # Counted at the answer, not at the send: the robot counted it on arrival, which is
+        # no later, so the window the limiter keeps is never shorter than the robot's.
+        s.limiter.record(self._clock())
         s.attempts += 1
         folded = f" (folded with {len(batch) - 1 + s.overflow} more)" if len(batch) > 1 else ""
         if outcome.accepted:
