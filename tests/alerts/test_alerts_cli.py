@@ -54,7 +54,7 @@ def test_every_sink_accepts_the_test_message(tmp_path: Path, robots: ChatRobots)
                                                   "feishu#4", "slack#5", "pager"]
     assert all(": accepted" in ln for ln in lines)
     assert sorted(r.platform for r in robots.state.accepted) == [
-        "dingtalk", "feishu", "slack", "wecom", "webhook"]
+        "dingtalk", "feishu", "slack", "webhook", "wecom"]
     assert "test message" in proc.stderr  # the console sink's red line
     assert DING_SECRET not in proc.stdout + proc.stderr
 
