@@ -22,6 +22,8 @@ PUBLIC = {
 
 # command -> its flags, sorted.
 CLI = {
+    'alerts': (),
+    'alerts test': ('--json',),
     'compare': ('--allow-multi', '--json', '--markdown', '--repeat', '--seed'),
     'demo': ('--framework', '--json', '--out', '--seed', '--slow-data', '--steps'),
     'diagnose': ('--json', '--trace'),
@@ -126,6 +128,7 @@ CLI = {
     'trace': (),
     'trace diff': ('--hta-compatible', '--json', '--steps', '--top'),
     'trace show': ('--hta-compatible', '--json', '--steps', '--top'),
+    'watch': ('--alerts', '--json', '--poll', '--stall-after'),
 }
 
 
