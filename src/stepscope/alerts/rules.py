@@ -114,14 +114,14 @@ class LiveRules:
 
     def observe(self, record: Mapping[str, Any], now_s: float) -> list[Alert]:
         """The alerts this step record fires (usually none)."""
-        self.steps_seen += 1
         step_v = record.get("step")
         step = int(step_v) if isinstance(step_v, (int, float)) else None
         out: list[Alert] = []
         self._loss(record, step, now_s, out)
         st = record_value(record, "step_time_s")
         if st is None or not math.isfinite(st) or st <= 0:
-            return out
+            return out  # a value logged after its step closed, or no timing at all
+        self.steps_seen += 1
         if self.steps_seen <= self.cfg.warmup_steps:
             return out
         slow = self._step_time(st, step, now_s, out)
