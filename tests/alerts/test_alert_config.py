@@ -99,3 +99,19 @@ def test_two_sinks_with_one_name_are_refused(tmp_path: Path) -> None:
     text = "[[sink]]\ntype='console'\nname='a'\n[[sink]]\ntype='console'\nname='a'\n"
     with pytest.raises(AlertConfigError, match="two sinks are named 'a'"):
         load_alerts_config(_write(tmp_path, text), env={})
+
+
+def test_baseline_run_is_read_when_the_file_is_loaded(tmp_path: Path) -> None:
+    from stepscope.schema import RunMeta
+    from stepscope.store import RunDir, StepFileWriter
+
+    base = RunDir.create(tmp_path / "base", RunMeta(run_id="base"))
+    StepFileWriter(base.steps_path(0)).write(
+        [{"rank": 0, "step": i, "step_time_s": 0.2, "tokens": 1000.0} for i in range(30)])
+    cfg = load_alerts_config(_write(tmp_path, f"[rules]\nbaseline_run = '{base.path}'\n"),
+                             env={})
+    assert cfg.rules.baseline_step_time_s == 0.2
+    assert cfg.rules.baseline_tokens_per_s == pytest.approx(5000.0)
+    with pytest.raises(AlertConfigError, match="'baseline_run'"):
+        load_alerts_config(_write(tmp_path, f"[rules]\nbaseline_run = '{tmp_path}/nope'\n"),
+                           env={})

@@ -97,3 +97,38 @@ def test_alert_carries_run_rank_numbers_and_next_step() -> None:
     assert (alert.run, alert.rank, alert.step, alert.time_s) == ("exp7", 3, 42, 5.0)
     assert alert.values["step_time_s"] > 2 * alert.values["median_s"]
     assert "step 40" in alert.next_step and alert.source
+
+
+def test_grad_norm_explosion_and_loss_scale_collapse() -> None:
+    recs = records(40)
+    for i, r in enumerate(recs):
+        r["grad_norm"] = 1.0 + 0.1 * (i % 3)
+        r["loss_scale"] = 65536.0
+    recs[30]["grad_norm"] = 50.0
+    recs[35]["grad_norm"] = "Infinity"  # an AMP-skipped step, not an explosion
+    for r in recs[36:]:
+        r["loss_scale"] = 0.5
+    got = fired(LiveRules(RulesConfig(), "exp", 0), recs)
+    assert got == [("grad_norm", 30), ("loss_scale", 36)]
+
+
+def test_memory_creep_fires_once() -> None:
+    recs = records(120)
+    for i, r in enumerate(recs):
+        r["mem_peak_bytes"] = 1e9 + i * 2e6  # +2 MB a step: a leak
+    got = fired(LiveRules(RulesConfig(), "exp", 0), recs)
+    assert [rule for rule, _ in got] == ["memory_creep"]
+
+
+def test_flat_memory_does_not_creep() -> None:
+    recs = records(120)
+    for i, r in enumerate(recs):
+        r["mem_peak_bytes"] = 1e9 + (i % 5) * 1e6
+    assert fired(LiveRules(RulesConfig(), "exp", 0), recs) == []
+
+
+def test_baseline_median_replaces_the_runs_own() -> None:
+    # This run is uniformly 3x slower than its baseline: its own median would never fire.
+    cfg = RulesConfig(baseline_step_time_s=0.1, baseline_tokens_per_s=4096 / 0.1)
+    got = fired(LiveRules(cfg, "exp", 0), records(20, base_s=0.3, noise=0.0))
+    assert ("step_time", 7) in got and ("throughput", 7) in got

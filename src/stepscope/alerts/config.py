@@ -30,19 +30,25 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StepscopeError
+from .baseline import baseline_numbers
 from .model import SEVERITIES
 
+_toml: Any
 if sys.version_info >= (3, 11):
-    import tomllib
+    import tomllib as _toml
 else:  # pragma: no cover - Python 3.10 takes the same parser from PyPI (extra "alerts")
-    import tomli as tomllib
+    try:
+        import tomli as _toml  # type: ignore[no-redef]
+    except ImportError:
+        _toml = None
 
 __all__ = ["AlertConfigError", "AlertsConfig", "RulesConfig", "SinkConfig",
            "load_alerts_config", "SINK_TYPES", "RULE_NAMES"]
 
 SINK_TYPES = ("console", "wecom", "dingtalk", "feishu", "slack", "webhook")
-RULE_NAMES = ("step_time", "throughput", "data_wait", "nonfinite_loss", "loss_spike", "stall")
+RULE_NAMES = ("step_time", "throughput", "data_wait", "nonfinite_loss", "loss_spike",
+              "grad_norm", "loss_scale", "memory_creep", "stall")
 _SIGNED = ("dingtalk", "feishu")  # platforms whose robots take a signing secret
 _MSGTYPES = {"wecom": ("text", "markdown"), "dingtalk": ("text", "markdown")}
 
@@ -81,6 +87,11 @@ class RulesConfig:
     # The same alert (rule and rank) is not sent again within this many seconds.
     cooldown_s: float = 300.0
     disable: tuple[str, ...] = ()
+    # Compare with a named baseline run's steady numbers instead of this run's own
+    # (``baseline_run`` is read when the file is loaded; the two numbers may also be given).
+    baseline_run: str = ""
+    baseline_step_time_s: float = 0.0
+    baseline_tokens_per_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -115,11 +126,14 @@ def load_alerts_config(path: str | os.PathLike[str],
     """Read and check an alert file; secrets are resolved from ``env`` (default: os.environ)."""
     env = os.environ if env is None else env
     p = Path(path)
+    if _toml is None:
+        raise AlertConfigError("alert files need a TOML parser on Python 3.10: "
+                               "pip install 'stepscope[alerts]'")
     try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+        doc = _toml.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise AlertConfigError(f"alert file {p}: cannot read it ({exc.strerror or exc})") from None
-    except tomllib.TOMLDecodeError as exc:
+    except _toml.TOMLDecodeError as exc:
         raise AlertConfigError(f"alert file {p}: not valid TOML ({exc})") from None
     _check_keys(doc, {"rules", "sink"}, f"alert file {p}", "top-level key")
     rules = _rules(doc.get("rules", {}), f"alert file {p}: [rules]")
@@ -159,6 +173,9 @@ def _rules(table: Any, where: str) -> RulesConfig:
     _check_keys(table, allowed, where, "key")
     values: dict[str, Any] = {}
     for key, value in table.items():
+        if key == "baseline_run":
+            values.update(_baseline(value, where))
+            continue
         if key == "disable":
             if not isinstance(value, list) or any(v not in RULE_NAMES for v in value):
                 raise AlertConfigError(f"{where}: key 'disable' must list rule names from: "
@@ -176,6 +193,17 @@ def _rules(table: Any, where: str) -> RulesConfig:
     if values.get("window_steps", 100) < 3:
         raise AlertConfigError(f"{where}: key 'window_steps' must be at least 3")
     return RulesConfig(**values)
+
+
+def _baseline(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, str) or not value:
+        raise AlertConfigError(f"{where}: key 'baseline_run' must be a run directory's path")
+    try:
+        step_time_s, tokens_per_s = baseline_numbers(value)
+    except StepscopeError as exc:
+        raise AlertConfigError(f"{where}: key 'baseline_run': {exc}") from None
+    return {"baseline_run": value, "baseline_step_time_s": step_time_s,
+            "baseline_tokens_per_s": tokens_per_s}
 
 
 _SINK_KEYS = {"type", "name", "url", "url_env", "url_file", "secret", "secret_env",

@@ -35,6 +35,9 @@ __all__ = ["LiveRules", "RollingMedian", "record_value"]
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _SRC = "stepscope live rules (issue 14)"
+# Memory creep compares the median peak of the first and of the latest 20 steady steps:
+# enough to ride over one-off allocations, short enough to fire within a few minutes.
+_MEM_WINDOW = 20
 
 
 def record_value(record: Mapping[str, Any], key: str) -> float | None:
@@ -105,12 +108,25 @@ class LiveRules:
         self.step_times = RollingMedian(config.window_steps)
         self.tokens_per_s = RollingMedian(config.window_steps)
         self.losses = RollingMedian(self.health.spike_window)
+        self.grad_norms = RollingMedian(self.health.grad_window)
+        self.mem_first = RollingMedian(_MEM_WINDOW)
+        self.mem_recent = RollingMedian(_MEM_WINDOW)
         self._streaks = {name: _Streak() for name in ("step_time", "throughput", "data_wait")}
         self._nonfinite = False
+        self._fired_once: set[str] = set()
 
     def steady_median_s(self) -> float | None:
-        """The steady median step time once it is known (None during warm-up)."""
+        """The baseline run's median step time, else this run's steady median once it is
+        known (None during warm-up)."""
+        if self.cfg.baseline_step_time_s > 0:
+            return self.cfg.baseline_step_time_s
         return self.step_times.median() if len(self.step_times) >= self.health.min_steps else None
+
+    def _steady_tokens_per_s(self) -> float | None:
+        if self.cfg.baseline_tokens_per_s > 0:
+            return self.cfg.baseline_tokens_per_s
+        ready = len(self.tokens_per_s) >= self.health.min_steps
+        return self.tokens_per_s.median() if ready else None
 
     def observe(self, record: Mapping[str, Any], now_s: float) -> list[Alert]:
         """The alerts this step record fires (usually none)."""
@@ -124,6 +140,8 @@ class LiveRules:
         self.steps_seen += 1
         if self.steps_seen <= self.cfg.warmup_steps:
             return out
+        self._grad_and_scale(record, step, now_s, out)
+        self._memory(record, step, now_s, out)
         slow = self._step_time(st, step, now_s, out)
         self._throughput(record, st, step, now_s, out)
         self._data_wait(record, st, step, now_s, out)
@@ -149,7 +167,8 @@ class LiveRules:
         streak = self._streaks["step_time"]
         if streak.update(slow, step, cfg.consecutive) and self._on("step_time"):
             ratio = st / med if med else math.nan
-            what = (f"{ratio:.1f}x the steady median {med:.3g} s" if over_rel and med
+            ref = "the baseline run's median" if cfg.baseline_step_time_s else "the steady median"
+            what = (f"{ratio:.1f}x {ref} {med:.3g} s" if over_rel and med
                     else f"above the limit {cfg.max_step_time_s:g} s")
             out.append(self._alert(
                 "step_time", "warning", step,
@@ -168,8 +187,7 @@ class LiveRules:
         if tokens is None or not math.isfinite(tokens) or tokens <= 0:
             return
         tps = tokens / st
-        ready = len(self.tokens_per_s) >= self.health.min_steps
-        med = self.tokens_per_s.median() if ready else None
+        med = self._steady_tokens_per_s()
         low = med is not None and tps < self.cfg.min_tokens_per_s_frac * med
         if self._streaks["throughput"].update(low, step, self.cfg.consecutive) and self._on(
                 "throughput") and med is not None:
@@ -235,3 +253,57 @@ class LiveRules:
                 "often precedes divergence",
                 {"loss": loss, "median_loss": med, "z": z}, now_s,
                 "OLMo's 6-sigma loss-spike rule, robust version (analysis/health)"))
+
+    def _once(self, rule: str) -> bool:
+        if rule in self._fired_once or not self._on(rule):
+            return False
+        self._fired_once.add(rule)
+        return True
+
+    def _grad_and_scale(self, record: Mapping[str, Any], step: int | None, now_s: float,
+                        out: list[Alert]) -> None:
+        h = self.health
+        gn = record_value(record, "grad_norm")
+        if gn is not None and math.isfinite(gn):  # inf/NaN norms: AMP's skipped steps
+            if len(self.grad_norms) >= h.spike_min_periods and self._on("grad_norm"):
+                med = self.grad_norms.median()
+                if med > 0 and gn >= h.grad_jump_factor * med:
+                    out.append(self._alert(
+                        "grad_norm", "warning", step,
+                        f"gradient norm {gn:.4g} is {gn / med:.0f}x its recent median {med:.4g}",
+                        "an exploding gradient: check the learning rate, clipping and the "
+                        "batch at this step", {"grad_norm": gn, "median_grad_norm": med},
+                        now_s, "health rules: grad_jump_factor (analysis/health)"))
+            self.grad_norms.push(gn)
+        scale = record_value(record, "loss_scale")
+        if scale is not None and scale <= h.scale_collapse_at and self._once("loss_scale"):
+            out.append(self._alert(
+                "loss_scale", "critical", step,
+                f"the dynamic loss scale collapsed to {scale:g}",
+                "fp16 gradients are underflowing to zero: use bf16, or find the op that "
+                "overflows every step", {"loss_scale": scale}, now_s,
+                "health rules: scale_collapse_at (field report, loss-scale section)"))
+
+    def _memory(self, record: Mapping[str, Any], step: int | None, now_s: float,
+                out: list[Alert]) -> None:
+        mem = record_value(record, "mem_peak_bytes")
+        if mem is None or not math.isfinite(mem) or mem <= 0:
+            return
+        if len(self.mem_first) < _MEM_WINDOW:
+            self.mem_first.push(mem)
+            return
+        self.mem_recent.push(mem)
+        if len(self.mem_recent) < _MEM_WINDOW:
+            return
+        first, now_med = self.mem_first.median(), self.mem_recent.median()
+        grew = now_med - first
+        h = self.health
+        if grew >= h.mem_creep_frac * first and grew >= h.mem_creep_min_bytes and self._once(
+                "memory_creep"):
+            out.append(self._alert(
+                "memory_creep", "warning", step,
+                f"peak memory grew {grew / 2**20:.0f} MiB ({100 * grew / first:.0f}%) since "
+                "the start of steady state", "something keeps references across steps "
+                "(a list of losses with graphs, a cache); it ends in out-of-memory",
+                {"mem_peak_bytes": now_med, "first_mem_peak_bytes": first}, now_s,
+                "health rules: mem_creep_frac, mem_creep_min_bytes (analysis/health)"))
