@@ -112,6 +112,10 @@ class SinkConfig:
     # gateways with their own limit; 0 keeps the platform's numbers.
     rate_limit: int = 0
     rate_window_s: float = 0.0
+    # Inside a multi-rank job a chat sink sends from rank 0 only: every rank's rules run and
+    # write events.jsonl, but 1,000 ranks reporting the same hang to a robot that takes 20
+    # messages a minute would bury the one message that matters. True: every rank sends.
+    all_ranks: bool = False
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,7 @@ def _baseline(value: Any, where: str) -> dict[str, Any]:
 
 _SINK_KEYS = {"type", "name", "url", "url_env", "url_file", "secret", "secret_env",
               "secret_file", "keyword", "min_severity", "mention", "msgtype", "timeout_s",
-              "retries", "rate_limit", "rate_window_s"}
+              "retries", "rate_limit", "rate_window_s", "all_ranks"}
 
 
 def _sink(table: Any, index: int, env: Mapping[str, str], where: str) -> SinkConfig:
@@ -240,6 +244,8 @@ def _sink(table: Any, index: int, env: Mapping[str, str], where: str) -> SinkCon
     for key in ("keyword", "name"):
         if not isinstance(table.get(key, ""), str):
             raise AlertConfigError(f"{where}: key {key!r} must be a string")
+    if not isinstance(table.get("all_ranks", False), bool):
+        raise AlertConfigError(f"{where}: key 'all_ranks' must be true or false")
     return SinkConfig(
         type=kind, name=table.get("name") or f"{kind}#{index + 1}", url=url, secret=secret,
         keyword=table.get("keyword", ""), min_severity=sev, mention=tuple(mention),
@@ -248,6 +254,7 @@ def _sink(table: Any, index: int, env: Mapping[str, str], where: str) -> SinkCon
         retries=int(_number(table.get("retries", 3), where, "retries", integer=True)),
         rate_limit=int(_number(table.get("rate_limit", 0), where, "rate_limit", integer=True)),
         rate_window_s=_number(table.get("rate_window_s", 0.0), where, "rate_window_s"),
+        all_ranks=table.get("all_ranks", False),
     )
 
 

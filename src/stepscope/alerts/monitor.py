@@ -54,7 +54,8 @@ class LiveMonitor:
         except Exception:  # rank 0 may not have written run.json yet
             name = run.path.name
         self.rules = LiveRules(config.rules, name, rank)
-        self.dispatcher = Dispatcher(config.sinks, record=run.append_event,
+        sinks = [s for s in config.sinks if rank == 0 or s.all_ranks or s.type == "console"]
+        self.dispatcher = Dispatcher(sinks, record=run.append_event,
                                      cooldown_s=config.rules.cooldown_s)
         self._wall = wall
         self.watchdog: StallWatchdog | None = None
