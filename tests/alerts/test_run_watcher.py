@@ -84,3 +84,19 @@ def test_job_that_never_writes_a_step_is_reported(tmp_path: Path) -> None:
 def test_pid_state_reads_this_process_and_a_gone_one() -> None:
     assert pid_state(os.getpid()) in ("R", "S")
     assert pid_state(2**22 + 12345) is None
+
+
+def test_a_rank_slow_in_two_gathers_is_reported_as_a_straggler(tmp_path: Path) -> None:
+    from stepscope.integrations.common.crossrank import cross_rank_event
+
+    run, w = _run(tmp_path)
+    watcher = RunWatcher(run, RulesConfig(), stall_after_s=600.0, state_of=lambda p: "S")
+    names = ["compute_s"]
+    fast_slow = [[0.10], [0.10], [0.30]]
+    run.append_event(cross_rank_event(20, names, fast_slow, "compute_s"))
+    assert watcher.poll(0.0, 0.0) == []
+    run.append_event(cross_rank_event(40, names, fast_slow, "compute_s"))
+    run.append_event(cross_rank_event(60, names, fast_slow, "compute_s"))
+    [alert] = watcher.poll(1.0, 1.0)
+    assert (alert.rule, alert.rank, alert.step) == ("straggler", 2, 40)
+    assert "0.33" in alert.message

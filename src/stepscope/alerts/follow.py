@@ -36,6 +36,7 @@ from ..analysis.health.config import HealthConfig
 from ..store import RunDir
 from .config import RulesConfig
 from .model import Alert, Severity
+from .ranks import StragglerRule
 from .rules import LiveRules, record_value
 
 __all__ = ["RunWatcher", "pid_state"]
@@ -118,6 +119,8 @@ class RunWatcher:
         self.name = self._name()
         self._state_of = state_of
         self._tails: dict[Path, _Tail] = {}
+        self._events = _Tail(run.events_path)
+        self._stragglers = StragglerRule(self.name)
         self._ranks: dict[int, _Rank] = {}
         self._started_s: float | None = None
         self._no_steps_reported = False
@@ -153,6 +156,9 @@ class RunWatcher:
             self._started_s = now
         out: list[Alert] = []
         self._read_processes(now)
+        for ev in self._events.read():
+            if ev.get("type") == "cross_rank" and "straggler" not in self.rules_cfg.disable:
+                out.extend(self._stragglers.observe(ev, wall))
         for path in self.run.step_files():
             tail = self._tails.setdefault(path, _Tail(path))
             for rec in tail.read():
