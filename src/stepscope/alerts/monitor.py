@@ -20,13 +20,16 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..errors import StepscopeError
 from ..store import RunDir
 from .config import AlertsConfig, load_alerts_config
 from .delivery import Dispatcher
+from .metrics import MetricsExporter, flops_from_meta
+from .model import Alert
 from .rules import LiveRules
 from .watchdog import StallWatchdog
 
-__all__ = ["LiveMonitor", "attach", "ENV_VAR"]
+__all__ = ["LiveMonitor", "LiveHandle", "attach", "start", "ENV_VAR"]
 
 ENV_VAR = "STEPSCOPE_ALERTS"
 
@@ -58,10 +61,11 @@ class LiveMonitor:
         self.dispatcher = Dispatcher(sinks, record=run.append_event,
                                      cooldown_s=config.rules.cooldown_s)
         self._wall = wall
+        self.on_alert: Callable[[Alert], None] | None = None  # e.g. the metrics counter
         self.watchdog: StallWatchdog | None = None
         if "stall" not in config.rules.disable:
             self.watchdog = StallWatchdog(progress, thread_ident, self.stall_limit_s,
-                                          self.dispatcher.submit, name, rank, wall=wall)
+                                          self.submit, name, rank, wall=wall)
             self.watchdog.start()
 
     def stall_limit_s(self) -> float:
@@ -77,7 +81,12 @@ class LiveMonitor:
         now = self._wall()
         for rec in records:
             for alert in self.rules.observe(rec, now):
-                self.dispatcher.submit(alert)
+                self.submit(alert)
+
+    def submit(self, alert: Alert) -> None:
+        if self.on_alert is not None:
+            self.on_alert(alert)
+        self.dispatcher.submit(alert)
 
     def close(self, timeout_s: float = 5.0) -> None:
         if self.watchdog is not None:
@@ -108,3 +117,54 @@ def attach(rec: _Recorder, alerts: str | os.PathLike[str] | None = None
                           threading.get_ident())
     rec.add_listener(monitor.on_records)
     return monitor
+
+
+class LiveHandle:
+    """What a recorder holds while alerts and metrics run; ``close`` at the recorder's."""
+
+    def __init__(self, monitor: LiveMonitor | None, exporter: MetricsExporter | None) -> None:
+        self.monitor, self.exporter = monitor, exporter
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+        if self.exporter is not None:
+            self.exporter.close()
+
+
+def _exporter(rec: _Recorder, port: int, explicit: bool) -> MetricsExporter | None:
+    local = os.environ.get("LOCAL_RANK", "0")
+    try:
+        meta = rec.run.read_meta()
+        name = meta.name or meta.run_id
+    except Exception:
+        name = rec.run.path.name
+
+    def flops() -> tuple[float, float] | None:
+        try:
+            return flops_from_meta(rec.run.read_meta().environment)
+        except Exception:
+            return None
+
+    try:
+        return MetricsExporter(port, name, rec.rank, int(local) if local.isdigit() else 0,
+                               flops=flops)
+    except StepscopeError as exc:
+        if explicit:
+            raise
+        warnings.warn(f"stepscope: metrics disabled: {exc}", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def start(rec: _Recorder, alerts: str | os.PathLike[str] | None, port: int | None,
+          explicit_port: bool = False) -> LiveHandle | None:
+    """Alerts and metrics for ``rec`` as configured; None when neither is."""
+    monitor = attach(rec, alerts)
+    exporter = _exporter(rec, port, explicit_port) if port is not None else None
+    if exporter is not None:
+        rec.add_listener(exporter.on_records)
+        if monitor is not None:
+            monitor.on_alert = exporter.on_alert
+    if monitor is None and exporter is None:
+        return None
+    return LiveHandle(monitor, exporter)
