@@ -100,3 +100,19 @@ def test_a_rank_slow_in_two_gathers_is_reported_as_a_straggler(tmp_path: Path) -
     [alert] = watcher.poll(1.0, 1.0)
     assert (alert.rule, alert.rank, alert.step) == ("straggler", 2, 40)
     assert "0.33" in alert.message
+
+
+def test_watch_on_a_root_follows_every_run_in_it(tmp_path: Path) -> None:
+    from stepscope.alerts.config import AlertsConfig
+    from stepscope.alerts.watch import find_runs, watch_path
+
+    done = RunDir.create(tmp_path / "a" / "done", RunMeta(run_id="done", status="finished"))
+    idle = RunDir.create(tmp_path / "b", RunMeta(run_id="idle"))
+    assert find_runs(tmp_path) == [done.path, idle.path]
+    seen = []
+    code = watch_path(tmp_path, AlertsConfig(), stall_after_s=0.3, emit=seen.append,
+                      poll_s=0.05, max_s=2.0)
+    assert code == 0
+    assert [(a.rule, a.run) for a in seen] == [("no_steps", "idle")]
+    events, _ = idle.read_events(type="alert")
+    assert [(e["rule"], e["observer"]) for e in events] == [("no_steps", "watch")]
