@@ -26,7 +26,9 @@ def cli() -> None:
 
 def _register() -> None:
     # Imported for their side effect of adding commands to `cli`.
-    from . import alerts, calc, compare, demo, diagnose, report, run, trace, watch  # noqa: F401
+    from . import (  # noqa: F401
+        alerts, calc, compare, demo, diagnose, export, report, run, serve, trace, watch,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
