@@ -27,6 +27,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import threading
 import time
 import urllib.parse
@@ -69,6 +70,12 @@ class RobotState:
     def texts(self, platform: str) -> list[str]:
         with self.lock:
             return [_text(r) for r in self.accepted if r.platform == platform]
+
+    def retry_after_s(self, platform: str, now: float) -> int:
+        """Whole seconds until the oldest request in the window leaves it (as Slack says)."""
+        count, window = self.limits[platform][0]
+        inside = sorted(t for t in self.times[platform] if now - t < window)
+        return max(1, math.ceil(inside[-count - 1] + window - now)) if len(inside) > count else 1
 
     def over_limit(self, platform: str, now: float) -> bool:
         """Counts every request, as the platforms do, then checks each window."""
@@ -222,7 +229,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body.get("text"), str) or not body["text"]:
             return self._refuse("slack", "schema", 400, "invalid_payload")
         if self.state.over_limit("slack", now):
-            return self._refuse("slack", "rate", 429, "rate_limited", {"Retry-After": "1"})
+            return self._refuse("slack", "rate", 429, "rate_limited",
+                                {"Retry-After": str(self.state.retry_after_s("slack", now))})
         self._accept("slack", body, now, "ok")
 
     def _webhook(self, path: str, q: dict[str, list[str]], body: dict[str, Any], raw: bytes,

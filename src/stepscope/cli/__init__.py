@@ -26,9 +26,7 @@ def cli() -> None:
 
 def _register() -> None:
     # Imported for their side effect of adding commands to `cli`.
-    from . import (  # noqa: F401
-        alerts, calc, compare, demo, diagnose, export, report, run, serve, trace, watch,
-    )
+    from . import alerts, calc, compare, demo, diagnose, export, report, run, serve, trace, watch  # noqa: F401  # noqa: F401
 
 
 def main(argv: Sequence[str] | None = None) -> None:
