@@ -94,6 +94,7 @@ class Dispatcher:
         self._pending: dict[int, _Pending] = {}
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._closing = False
         self.dropped = 0  # alerts refused because the queue was full
         self.submitted = 0
         self._thread = threading.Thread(target=self._loop, name="stepscope-alerts",
@@ -128,8 +129,9 @@ class Dispatcher:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Last tries within ``timeout_s``; what is still unsent is recorded as such."""
+        self._closing = True  # seen by the sender even when the queue is full
         try:
-            self._queue.put(_STOP, timeout=max(0.0, timeout_s))
+            self._queue.put_nowait(_STOP)
         except queue.Full:
             pass
         self._thread.join(timeout_s)
@@ -148,12 +150,13 @@ class Dispatcher:
                 if self._step():
                     return
             except Exception as exc:  # a bug here must cost alerts, never the training job
-                print(f"stepscope: alert delivery error (continuing): {exc!r}", file=sys.stderr)
+                # The type only: an exception's text could quote a webhook URL (a secret).
+                print(f"stepscope: alert delivery error (continuing): {type(exc).__name__}",
+                      file=sys.stderr)
                 time.sleep(1.0)
 
     def _step(self) -> bool:
         """One round: take what is queued, send what is due; True once told to stop."""
-        stopping = False
         timeout = self._next_due()
         try:
             item = self._queue.get(timeout=timeout)
@@ -165,6 +168,7 @@ class Dispatcher:
                 items.append(self._queue.get_nowait())
             except queue.Empty:
                 break
+        stopping = self._closing
         for it in items:
             if it is _STOP:
                 stopping = True
