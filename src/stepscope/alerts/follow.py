@@ -262,8 +262,10 @@ def _py_spy(pid: int) -> str:
     if exe is None:
         return ""
     try:
-        proc = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True,
-                              text=True, timeout=10.0)
+        # --nonblocking reads the stacks without suspending the process: a process that is
+        # already stopped (SIGSTOP) cannot be suspended again, and py-spy fails without it.
+        proc = subprocess.run([exe, "dump", "--nonblocking", "--pid", str(pid)],
+                              capture_output=True, text=True, timeout=10.0)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return proc.stdout.strip()
