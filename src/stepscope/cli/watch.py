@@ -32,8 +32,8 @@ from . import cli
 @click.option("--json", "as_json", is_flag=True, help="Print each alert as a JSON line.")
 def watch_cmd(path: str, alerts_file: str | None, stall_after_s: float | None, poll_s: float,
               as_json: bool) -> None:
-    """Follow the run (or every run under a root) at PATH and report what goes wrong,
-    including a frozen or killed training process."""
+    """Follow the run (or every run under a root) at PATH and report what goes wrong, a
+    frozen or killed trainer included."""
     alerts_file = alerts_file or os.environ.get("STEPSCOPE_ALERTS") or None
     config = load_alerts_config(alerts_file) if alerts_file else AlertsConfig()
     limit = stall_after_s if stall_after_s is not None else config.rules.stall_after_s
