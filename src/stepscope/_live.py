@@ -15,8 +15,9 @@ import socket
 import warnings
 from typing import Any
 
-__all__ = ["start_live", "METRICS_PORT_ENV"]
+__all__ = ["start_live", "ALERTS_ENV", "METRICS_PORT_ENV"]
 
+ALERTS_ENV = "STEPSCOPE_ALERTS"
 METRICS_PORT_ENV = "STEPSCOPE_METRICS_PORT"
 
 
@@ -39,7 +40,7 @@ def start_live(rec: Any, alerts: str | os.PathLike[str] | None,
     rec.run.append_event({"type": "process", "rank": rec.rank, "pid": os.getpid(),
                           "hostname": socket.gethostname()})
     port = _metrics_port(metrics_port)
-    if alerts is None and port is None and not os.environ.get("STEPSCOPE_ALERTS"):
+    if alerts is None and port is None and not os.environ.get(ALERTS_ENV):
         return None
     monitor = importlib.import_module("stepscope.alerts.monitor")
     return monitor.start(rec, alerts, port, explicit_port=metrics_port is not None)

@@ -55,6 +55,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._live import start_live
 from ._records import UNSET, RowLayout, encode_value
 from ._writer import Listener, RowQueue
 from .schema import STEP_COLUMN_NAMES, RunMeta
@@ -149,6 +150,10 @@ class Recorder:
         flush_interval_s: the writer thread flushes at least this often.
         capacity: queued rows that wake the writer before its interval elapses.
         start_step: index given to the first step.
+        alerts: an alert file (TOML; see ``stepscope.alerts``): live rules on the writer
+            thread, a stall watchdog, chat webhooks. Default ``$STEPSCOPE_ALERTS``.
+        metrics_port: serve Prometheus ``/metrics`` on this port + local rank.
+            Default ``$STEPSCOPE_METRICS_PORT``; off when neither is set.
     """
 
     def __init__(
@@ -167,6 +172,8 @@ class Recorder:
         start_step: int = 0,
         background: bool = True,
         no_usage: bool = False,
+        alerts: str | os.PathLike[str] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.rank = _env_rank() if rank is None else int(rank)
         self._clock = clock
@@ -193,6 +200,7 @@ class Recorder:
         self._phases: dict[str, _Phase] = {}
         self._handle = Step(self)
         self._closed = False
+        self._live = start_live(self, alerts, metrics_port)
         _LIVE.add(self)
 
     # -- hot path ----------------------------------------------------------------------
@@ -372,6 +380,8 @@ class Recorder:
         self._closed = True
         self._queue.close()
         self.dropped += self._queue.dropped
+        if self._live is not None:  # after the last records went through the rules
+            self._live.close()
         if self.rank == 0:
             try:
                 self.run.update_meta(status=status, error=error,

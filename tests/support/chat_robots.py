@@ -75,14 +75,17 @@ class RobotState:
         """Whole seconds until the oldest request in the window leaves it (as Slack says)."""
         count, window = self.limits[platform][0]
         inside = sorted(t for t in self.times[platform] if now - t < window)
-        return max(1, math.ceil(inside[-count - 1] + window - now)) if len(inside) > count else 1
+        return max(1, math.ceil(inside[-count] + window - now)) if len(inside) >= count else 1
 
-    def over_limit(self, platform: str, now: float) -> bool:
-        """Counts every request, as the platforms do, then checks each window."""
+    def over_limit(self, platform: str, now: float, count_refused: bool = True) -> bool:
+        """Counts every request (the chat robots count refused ones too), then checks each
+        window; ``count_refused=False`` counts only the requests let through."""
         q = self.times.setdefault(platform, deque())
         q.append(now)
         for count, window in self.limits[platform]:
             if sum(1 for t in q if now - t < window) > count:
+                if not count_refused:
+                    q.pop()
                 return True
         return False
 
@@ -228,7 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse("slack", "hook", 404, "no_service")
         if not isinstance(body.get("text"), str) or not body["text"]:
             return self._refuse("slack", "schema", 400, "invalid_payload")
-        if self.state.over_limit("slack", now):
+        if self.state.over_limit("slack", now, count_refused=False):
             return self._refuse("slack", "rate", 429, "rate_limited",
                                 {"Retry-After": str(self.state.retry_after_s("slack", now))})
         self._accept("slack", body, now, "ok")

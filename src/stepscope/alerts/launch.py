@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .._live import METRICS_PORT_ENV
+from .._live import ALERTS_ENV, METRICS_PORT_ENV
 from .config import load_alerts_config
-from .monitor import ENV_VAR
 
 __all__ = ["live_env"]
 
@@ -20,10 +19,10 @@ __all__ = ["live_env"]
 def live_env(alerts_file: str | None, metrics_port: int | None) -> dict[str, str]:
     """Environment for the children; raises ``AlertConfigError`` on a bad alert file."""
     env: dict[str, str] = {}
-    path = alerts_file or os.environ.get(ENV_VAR) or None
+    path = alerts_file or os.environ.get(ALERTS_ENV) or None
     if path:
         load_alerts_config(path)
-        env[ENV_VAR] = str(Path(path).resolve())
+        env[ALERTS_ENV] = str(Path(path).resolve())
     if metrics_port is not None:
         env[METRICS_PORT_ENV] = str(metrics_port)
     return env

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from .._live import ALERTS_ENV
 from ..errors import StepscopeError
 from ..store import RunDir
 from .config import AlertsConfig, load_alerts_config
@@ -31,7 +32,7 @@ from .watchdog import StallWatchdog
 
 __all__ = ["LiveMonitor", "LiveHandle", "attach", "start", "ENV_VAR"]
 
-ENV_VAR = "STEPSCOPE_ALERTS"
+ENV_VAR = ALERTS_ENV
 
 
 class _Recorder(Protocol):
