@@ -125,3 +125,24 @@ def test_grafana_dashboard_queries_only_exported_metrics() -> None:
     used = {m for e in exprs for m in re.findall(r"stepscope_[a-z_]+", e)}
     exported = {f"stepscope_{n}" for n in metrics._GAUGES} | {"stepscope_alerts_total"}
     assert used == exported
+
+
+def test_recorder_metrics_port_serves_its_steps(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import stepscope
+
+    monkeypatch.setenv("STEPSCOPE_METRICS_ADDR", "127.0.0.1")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    port = _free_port()
+    rec = stepscope.Recorder(tmp_path / "run", meta={"name": "exp9"}, metrics_port=port)
+    try:
+        for _ in range(3):
+            with rec.step(tokens=256) as s:
+                s.log(loss=1.5)
+        rec.flush()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    finally:
+        rec.close()
+    assert 'stepscope_steps_total{rank="0",run="exp9"} 3.0' in text
+    assert 'stepscope_loss{rank="0",run="exp9"} 1.5' in text
