@@ -168,10 +168,11 @@ def test_cross_rank_gather_scores_stragglers_every_n_steps(tmp_path: Path) -> No
     events, _ = RunDir.open(tmp_path / "run").read_events(type="cross_rank")
     assert [e["step"] for e in events] == [1, 3]
     assert events[0]["stragglers"] == [1]
-    # reference = median of the ranks' compute medians (1.0 and 3.0) = 2.0
-    assert events[0]["straggler_scores"] == {"0": 2.0, "1": 2.0 / 3.0}
+    # reference = the lower median of the ranks' compute medians (1.0 and 3.0) = 1.0, the
+    # faster rank (HealthConfig's one straggler definition)
+    assert events[0]["straggler_scores"] == {"0": 1.0, "1": 1.0 / 3.0}
     rows = _rows(tmp_path, "straggler_score", "tool_s")
-    assert rows[1]["straggler_score"] == 2.0 and rows[3]["straggler_score"] == 2.0
+    assert rows[1]["straggler_score"] == 1.0 and rows[3]["straggler_score"] == 1.0
     assert math.isnan(rows[0]["straggler_score"])
     assert rows[2]["tool_s"] == 0.125  # the gather after step 1, billed to step 2
 
@@ -234,4 +235,4 @@ def test_loss_memory_and_cross_rank_together_with_exact_numbers(tmp_path: Path) 
     events, _ = RunDir(tmp_path / "run").read_events()
     assert [e["type"] for e in events] == ["finding", "cross_rank", "cross_rank"]
     assert events[0]["message"].startswith("no loss recorded: the loop at step 1 held no loss")
-    assert events[2]["straggler_scores"] == {"0": 1.5, "1": 0.75} and events[2]["step"] == 3
+    assert events[2]["straggler_scores"] == {"0": 1.0, "1": 0.5} and events[2]["step"] == 3
