@@ -55,6 +55,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._live import start_live
 from ._records import UNSET, RowLayout, encode_value
 from ._writer import Listener, RowQueue
 from .conditions import ConditionLog
@@ -145,6 +146,10 @@ class Recorder:
         start_step: index given to the first step.
         conditions: sample host/device conditions (``stepscope.conditions``) on the writer
             thread into ``RUN/conditions/``; needs ``background``.
+        alerts: an alert file (TOML; see ``stepscope.alerts``): live rules on the writer
+            thread, a stall watchdog, chat webhooks. Default ``$STEPSCOPE_ALERTS``.
+        metrics_port: serve Prometheus ``/metrics`` on this port + local rank.
+            Default ``$STEPSCOPE_METRICS_PORT``; off when neither is set.
     """
 
     def __init__(
@@ -164,6 +169,8 @@ class Recorder:
         background: bool = True,
         no_usage: bool = False,
         conditions: bool = True,
+        alerts: str | os.PathLike[str] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.rank = resolve_rank() if rank is None else int(rank)
         self._clock = clock
@@ -197,6 +204,7 @@ class Recorder:
         self._phases: dict[str, _Phase] = {}
         self._handle = Step(self)
         self._closed = False
+        self._live = start_live(self, alerts, metrics_port)
         _LIVE.add(self)
 
     # -- hot path ----------------------------------------------------------------------
@@ -380,6 +388,8 @@ class Recorder:
         self.dropped += self._queue.dropped
         if self._queue.dropped:
             self.run.report_loss(self.rank, self.dropped, self._queue.first_error)
+        if self._live is not None:  # after the last records went through the rules
+            self._live.close()
         if self.rank == 0:
             try:
                 self.run.finish(status, error, self.dropped, self._queue.first_error)

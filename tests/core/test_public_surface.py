@@ -24,6 +24,8 @@ PUBLIC = {
 
 # command -> its flags, sorted.
 CLI = {
+    'alerts': (),
+    'alerts test': ('--json',),
     'compare': ('--allow-multi', '--json', '--markdown', '--repeat', '--seed'),
     'demo': ('--framework', '--json', '--out', '--seed', '--slow-data', '--steps'),
     'diagnose': ('--json', '--trace'),
@@ -183,10 +185,12 @@ CLI = {
                '--vocab-divisor'),
     'export': ('--experiment', '--json', '--to'),
     'report': ('--html', '--json', '--no-html'),
-    'run': (   '--cross-rank-every',
+    'run': (   '--alerts',
+               '--cross-rank-every',
                '--grace-s',
                '--json',
                '--max-steps',
+               '--metrics-port',
                '--name',
                '--out',
                '--profile-steps',
@@ -197,6 +201,7 @@ CLI = {
     'trace': (),
     'trace diff': ('--hta-compatible', '--json', '--steps', '--top'),
     'trace show': ('--engine', '--hta-compatible', '--json', '--scheduler', '--steps', '--top'),
+    'watch': ('--alerts', '--json', '--poll', '--stall-after'),
 }
 
 

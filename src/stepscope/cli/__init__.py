@@ -28,6 +28,7 @@ __all__ = ["main", "cli", "COMMANDS"]
 # The line is the first paragraph of the command's docstring; tests/core/test_public_surface.py
 # checks that the two agree.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "alerts": ("alerts", "Alert files: check one against its chat robots."),
     "compare": ("compare", "Compare RUN_B against the baseline RUN_A: one variable, two "
                            "ledgers, one verdict."),
     "demo": ("demo", "Train a tiny GPT on the CPU, measure everything, print the "
@@ -52,6 +53,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "Serve the dashboard of every run under ROOT until Ctrl-C."),
     "scaling": ("compare", "Throughput per device and scaling efficiency of runs that differ "
                            "in device count."),
+    "watch": ("watch", "Follow the run (or every run under a root) at PATH and report what "
+                       "goes wrong, a frozen or killed trainer included."),
     "trace": ("trace", "Break profiler traces down: per-step phases, idle/compute/comm "
                        "overlap, top ops."),
 }

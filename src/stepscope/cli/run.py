@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,12 +44,17 @@ from .common import emit_json
               show_default=True,
               help="After forwarding SIGINT/SIGTERM/SIGHUP/SIGQUIT, seconds the command gets "
                    "to exit before it is killed (the schedulers' usual grace).")
+@click.option("--alerts", "alerts_file", type=click.Path(dir_okay=False), default=None,
+              help="Alert file (TOML): live rules, stall watchdog and chat webhooks in every "
+                   "rank (default: $STEPSCOPE_ALERTS).")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+              help="Serve Prometheus /metrics per rank on PORT + local rank.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: int,
             tokens_per_step: float | None, samples_per_step: float | None,
-            cross_rank_every: int | None, grace_s: float, as_json: bool,
-            command: tuple[str, ...]) -> None:
+            cross_rank_every: int | None, grace_s: float, alerts_file: str | None,
+            metrics_port: int | None, as_json: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with per-step recording of every rank.
 
     Works with `-- python train.py ...` and `-- torchrun ... train.py ...`; the script is
@@ -67,6 +73,10 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
         env["STEPSCOPE_SAMPLES_PER_STEP"] = repr(samples_per_step)
     if cross_rank_every is not None:
         env["STEPSCOPE_CROSS_RANK_EVERY"] = str(cross_rank_every)
+    if alerts_file or metrics_port is not None or os.environ.get("STEPSCOPE_ALERTS"):
+        from ..alerts.launch import live_env  # start-up time: only when alerts are asked for
+
+        env.update(live_env(alerts_file, metrics_port))
     outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env,
                      grace_s=grace_s)
     if outcome.profile_dir is not None:  # analysed here: never in the launcher or trainer

@@ -46,9 +46,11 @@ __all__ = ["StepscopeCallback"]
 class StepscopeCallback(TrainerCallback):
     """Feeds a :class:`~stepscope.session.StepSession` from Trainer events (module doc)."""
 
-    def __init__(self, run_dir: str | os.PathLike[str] | None = None, name: str = "") -> None:
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, name: str = "",
+                 alerts: str | os.PathLike[str] | None = None) -> None:
         self.run_dir = str(run_dir) if run_dir is not None else default_run_dir("hf")
         self.name = name
+        self.alerts = alerts  # an alert file (stepscope.alerts); default $STEPSCOPE_ALERTS
         self.pc: StepSession | None = None
         self.losses = Losses()
         self._handles: list[Any] = []
@@ -80,7 +82,8 @@ class StepscopeCallback(TrainerCallback):
         if self.name:
             meta["name"] = self.name
         rank = int(getattr(args, "process_index", 0) or 0)
-        self.pc = open_session(self.run_dir, meta, rank, getattr(args, "device", None))
+        self.pc = open_session(self.run_dir, meta, rank, getattr(args, "device", None),
+                               alerts=self.alerts)
         self._optimizer = optimizer
         self._handles = [
             model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),

@@ -46,9 +46,11 @@ _PRECISION = {"32-true": "fp32", "32": "fp32", "64-true": "fp64", "bf16-mixed": 
 class StepscopeCallback(Callback):
     """Feeds a :class:`~stepscope.session.StepSession` from Lightning hooks (module doc)."""
 
-    def __init__(self, run_dir: str | os.PathLike[str] | None = None, name: str = "") -> None:
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, name: str = "",
+                 alerts: str | os.PathLike[str] | None = None) -> None:
         self.run_dir = str(run_dir) if run_dir is not None else default_run_dir("lightning")
         self.name = name
+        self.alerts = alerts  # an alert file (stepscope.alerts); default $STEPSCOPE_ALERTS
         self.pc: StepSession | None = None
         self.losses = Losses()
         self._last_global_step = 0
@@ -71,7 +73,8 @@ class StepscopeCallback(Callback):
         })
         if self.name:
             meta["name"] = self.name
-        self.pc = open_session(self.run_dir, meta, int(trainer.global_rank), pl_module.device)
+        self.pc = open_session(self.run_dir, meta, int(trainer.global_rank), pl_module.device,
+                               alerts=self.alerts)
         self._last_global_step = int(trainer.global_step)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,

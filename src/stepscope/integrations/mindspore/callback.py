@@ -71,10 +71,10 @@ __all__ = [
 T = TypeVar("T")
 def _session(run_dir: str | os.PathLike[str], meta: dict[str, Any],
              profile_steps: tuple[int, int] | None, every: int, rank: int | None,
-             loss_source: str) -> StepSession:
+             loss_source: str, alerts: str | os.PathLike[str] | None = None) -> StepSession:
     r, world = rank_and_world()
     r = r if rank is None else rank
-    rec = Recorder(run_dir, meta=meta, rank=r)
+    rec = Recorder(run_dir, meta=meta, rank=r, alerts=alerts)
     capture = ProfileCapture(rec.run, profile_steps, r, world) if profile_steps else None
     s = StepSession(rec, loss_source=loss_source, capture=capture,
                     mem_probe=process_memory_bytes)
@@ -114,10 +114,12 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
 
     def __init__(self, run_dir: str | os.PathLike[str], *, meta: dict[str, Any] | None = None,
                  profile_steps: tuple[int, int] | None = None, cross_rank_every: int = 0,
-                 tokens_per_sample: float | None = None, rank: int | None = None) -> None:
+                 tokens_per_sample: float | None = None, rank: int | None = None,
+                 alerts: str | os.PathLike[str] | None = None) -> None:
         super().__init__()
         self.run_dir = run_dir
         self._args = (meta, profile_steps, cross_rank_every, rank)
+        self.alerts = alerts
         self.tokens_per_sample = tokens_per_sample
         self.core: StepSession | None = None
         self._last_cur = 0
@@ -128,7 +130,7 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         m = _base_meta(meta, getattr(p, "network", None), getattr(p, "optimizer", None))
         m.setdefault("config", {})["stepscope_integration"] = "mindspore Model.train callback"
         self.core = _session(self.run_dir, m, profile_steps, every, rank,
-                             "the training network's outputs")
+                             "the training network's outputs", self.alerts)
         self._last_cur = int(getattr(p, "cur_step_num", 0) or 0)  # >0 when resuming
 
     def on_train_epoch_begin(self, run_context: Any) -> None:
@@ -187,7 +189,8 @@ class LoopRecorder:
     def __init__(self, run_dir: str | os.PathLike[str], *, network: Any = None,
                  optimizer: Any = None, scaler: Any = None, meta: dict[str, Any] | None = None,
                  profile_steps: tuple[int, int] | None = None, cross_rank_every: int = 0,
-                 tokens_per_sample: float | None = None, rank: int | None = None) -> None:
+                 tokens_per_sample: float | None = None, rank: int | None = None,
+                 alerts: str | os.PathLike[str] | None = None) -> None:
         m = _base_meta(meta, network, optimizer)
         cfg = m.setdefault("config", {})
         cfg["stepscope_integration"] = "mindspore custom loop (LoopRecorder)"
@@ -195,7 +198,7 @@ class LoopRecorder:
                              "backward in one call; the host cannot time them apart "
                              "(profile_steps splits them by op name)")
         self.core = _session(run_dir, m, profile_steps, cross_rank_every, rank,
-                             "the custom loop")
+                             "the custom loop", alerts)
         self.optimizer, self.scaler = optimizer, scaler
         self.tokens_per_sample = tokens_per_sample
         self._loss: float | None = None

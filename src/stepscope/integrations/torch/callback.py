@@ -52,12 +52,13 @@ def run_meta(model: Any, optimizer: Any, integration: str, extra_baseline: dict[
             "config": {"instrumentation": integration}}
 
 
-def open_session(run_dir: str, run_meta: dict[str, Any], rank: int, device: Any
-                 ) -> StepSession:
+def open_session(run_dir: str, run_meta: dict[str, Any], rank: int, device: Any,
+                 alerts: str | os.PathLike[str] | None = None) -> StepSession:
     """The callback's recorder and session, with the device's memory probe."""
     probe, mem_source = memory_probe(device)
     run_meta.setdefault("environment", {})["mem_source"] = mem_source
-    return StepSession(Recorder(run_dir, meta=run_meta, rank=rank), mem_probe=probe)
+    return StepSession(Recorder(run_dir, meta=run_meta, rank=rank, alerts=alerts),
+                       mem_probe=probe)
 
 
 class Losses:

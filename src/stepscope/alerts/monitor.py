@@ -1,0 +1,171 @@
+"""The in-process live half: rules on the writer thread, the stall watchdog, delivery.
+
+``attach`` subscribes the live rules to a recorder's step records (they run on the writer
+thread, after each batch is written: the training thread's hot path does not change),
+starts the stall watchdog and the sender thread. Nothing it does can raise into training
+after it started; a bad alert file raises before (explicit ``alerts=``) or is warned about
+and ignored (``STEPSCOPE_ALERTS`` picked up by an entry point that cannot stop).
+
+Example::
+
+    rec = stepscope.Recorder("runs/exp1", alerts="alerts.toml")   # calls attach()
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .._live import ALERTS_ENV
+from ..errors import StepscopeError
+from ..store import RunDir
+from .config import AlertsConfig, load_alerts_config
+from .delivery import Dispatcher
+from .metrics import MetricsExporter, flops_from_meta
+from .model import Alert
+from .rules import LiveRules
+from .watchdog import StallWatchdog
+
+__all__ = ["LiveMonitor", "LiveHandle", "attach", "start", "ENV_VAR"]
+
+ENV_VAR = ALERTS_ENV
+
+
+class _Recorder(Protocol):
+    rank: int
+    run: RunDir
+
+    @property
+    def steps_recorded(self) -> int: ...
+
+    def add_listener(self, fn: Callable[[list[dict[str, Any]]], None]) -> None: ...
+
+
+class LiveMonitor:
+    """Live rules + stall watchdog + dispatcher for one rank of one run."""
+
+    def __init__(self, config: AlertsConfig, run: RunDir, rank: int,
+                 progress: Callable[[], int], thread_ident: int,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.config = config
+        try:
+            meta = run.read_meta()
+            name = meta.name or meta.run_id
+        except Exception:  # rank 0 may not have written run.json yet
+            name = run.path.name
+        self.rules = LiveRules(config.rules, name, rank)
+        sinks = [s for s in config.sinks if rank == 0 or s.all_ranks or s.type == "console"]
+        self.dispatcher = Dispatcher(sinks, record=run.append_event,
+                                     cooldown_s=config.rules.cooldown_s)
+        self._wall = wall
+        self.on_alert: Callable[[Alert], None] | None = None  # e.g. the metrics counter
+        self.watchdog: StallWatchdog | None = None
+        if "stall" not in config.rules.disable:
+            self.watchdog = StallWatchdog(progress, thread_ident, self.stall_limit_s,
+                                          self.submit, name, rank, wall=wall)
+            self.watchdog.start()
+
+    def stall_limit_s(self) -> float:
+        """The alert file's ``stall_after_s``; else stall_factor x steady median, floored."""
+        r = self.config.rules
+        if r.stall_after_s > 0:
+            return r.stall_after_s
+        med = self.rules.steady_median_s()
+        return max(r.stall_min_s, self.rules.health.stall_factor * med if med else 0.0)
+
+    def on_records(self, records: list[dict[str, Any]]) -> None:
+        """Listener for the recorder's writer thread: each record through the rules."""
+        now = self._wall()
+        for rec in records:
+            for alert in self.rules.observe(rec, now):
+                self.submit(alert)
+
+    def submit(self, alert: Alert) -> None:
+        if self.on_alert is not None:
+            self.on_alert(alert)
+        self.dispatcher.submit(alert)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        self.dispatcher.close(timeout_s)
+
+
+def _config(alerts: str | os.PathLike[str] | None) -> AlertsConfig | None:
+    if alerts is not None:
+        return load_alerts_config(alerts)  # a mistake raises: the caller asked for it
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        return None
+    try:
+        return load_alerts_config(path)
+    except Exception as exc:  # from the environment: report, never stop the job
+        warnings.warn(f"stepscope: alerts disabled: {exc}", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def attach(rec: _Recorder, alerts: str | os.PathLike[str] | None = None
+           ) -> LiveMonitor | None:
+    """Attach live alerts to ``rec`` from ``alerts`` or ``$STEPSCOPE_ALERTS``; else None."""
+    config = _config(alerts)
+    if config is None:
+        return None
+    monitor = LiveMonitor(config, rec.run, rec.rank, lambda: rec.steps_recorded,
+                          threading.get_ident())
+    rec.add_listener(monitor.on_records)
+    return monitor
+
+
+class LiveHandle:
+    """What a recorder holds while alerts and metrics run; ``close`` at the recorder's."""
+
+    def __init__(self, monitor: LiveMonitor | None, exporter: MetricsExporter | None) -> None:
+        self.monitor, self.exporter = monitor, exporter
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+        if self.exporter is not None:
+            self.exporter.close()
+
+
+def _exporter(rec: _Recorder, port: int, explicit: bool) -> MetricsExporter | None:
+    local = os.environ.get("LOCAL_RANK", "0")
+    try:
+        meta = rec.run.read_meta()
+        name = meta.name or meta.run_id
+    except Exception:
+        name = rec.run.path.name
+
+    def flops() -> tuple[float, float] | None:
+        try:
+            return flops_from_meta(rec.run.read_meta().environment)
+        except Exception:
+            return None
+
+    try:
+        return MetricsExporter(port, name, rec.rank, int(local) if local.isdigit() else 0,
+                               flops=flops)
+    except StepscopeError as exc:
+        if explicit:
+            raise
+        warnings.warn(f"stepscope: metrics disabled: {exc}", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def start(rec: _Recorder, alerts: str | os.PathLike[str] | None, port: int | None,
+          explicit_port: bool = False) -> LiveHandle | None:
+    """Alerts and metrics for ``rec`` as configured; None when neither is."""
+    monitor = attach(rec, alerts)
+    exporter = _exporter(rec, port, explicit_port) if port is not None else None
+    if exporter is not None:
+        rec.add_listener(exporter.on_records)
+        if monitor is not None:
+            monitor.on_alert = exporter.on_alert
+    if monitor is None and exporter is None:
+        return None
+    return LiveHandle(monitor, exporter)
