@@ -23,8 +23,9 @@ from stepscope.store import RunDir
 from support.torch_run import BIN, stepscope_run
 
 THIRDPARTY_SCRIPTS = Path(__file__).resolve().parents[1] / "thirdparty" / "scripts"
-_LINE = re.compile(r"^SS (\w+)((?: \w+=\S+)*)\s*$", re.MULTILINE)
-_PAIR = re.compile(r"(\w+)=(\S+)")
+_LINE = re.compile(r"^SS (\w+)(.*)$", re.MULTILINE)
+# a value runs to the next " key=" (list reprs hold spaces, never "word=")
+_PAIR = re.compile(r" (\w+)=(.*?)(?= \w+=|$)")
 
 
 def printed(stdout: str) -> dict[str, list[dict[str, Any]]]:
@@ -57,6 +58,11 @@ class ScriptRun:
         """run.json's environment (FLOPs fields, peak FLOP/s and their sources)."""
         env: dict[str, Any] = RunDir(self.out).read_meta().environment
         return env
+
+    def report_meta_baseline(self) -> dict[str, Any]:
+        """run.json's baseline fingerprint (batch layout, parameter count, ...)."""
+        b: dict[str, Any] = RunDir(self.out).read_meta().baseline
+        return b
 
     def findings(self, *severities: str) -> list[str]:
         """Messages of the report's findings with one of ``severities``."""
