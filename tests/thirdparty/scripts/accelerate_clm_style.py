@@ -60,10 +60,10 @@ model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler)
 
 completed_steps = 0
-for epoch in range(epochs):
+for _epoch in range(epochs):
     model.train()
     micro = []
-    for step, batch in enumerate(train_dataloader):
+    for batch in train_dataloader:
         with accelerator.accumulate(model):
             outputs = model(**batch)
             loss = outputs.loss

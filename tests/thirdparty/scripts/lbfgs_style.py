@@ -3,8 +3,8 @@
 
 Written for stepscope's third-party suite: two ``LSTMCell`` layers predicting sine waves
 (float64 inputs, no token ids), ``optim.LBFGS`` whose ``step(closure)`` evaluates the
-closure (zero_grad, forward, loss, backward) up to ``--max-iter`` times per step, and a prediction of
-the future under ``torch.no_grad()`` after every step.
+closure (zero_grad, forward, loss, backward) up to ``--max-iter`` times per step, and a
+prediction of the future under ``torch.no_grad()`` after every step.
 
 Its own numbers: ``SS step`` per ``optimizer.step`` (the loss it returns = the closure's
 first evaluation, the gradient norm of that first evaluation, closure calls, lr,
@@ -61,8 +61,9 @@ test_input, test_target = data[:3, :-1], data[:3, 1:]
 seq = Sequence().double()
 criterion = nn.MSELoss()
 optimizer = optim.LBFGS(seq.parameters(), lr=0.8, max_iter=args.max_iter)
+calls = []
 for i in range(args.steps):
-    calls = []
+    calls.clear()
 
     def closure():
         optimizer.zero_grad()

@@ -67,4 +67,4 @@ say("objects",
     module_attrs=sorted(model.__dict__),
     optimizer_attrs=sorted(opt.__dict__),
     ema_equal=ema is not None and all(torch.equal(a, b) for a, b in zip(
-        ema.state_dict().values(), model.state_dict().values())))
+        ema.state_dict().values(), model.state_dict().values(), strict=True)))

@@ -121,7 +121,7 @@ def train(lr):
 
 
 lr, best = args.lr, None
-for epoch in range(1, args.epochs + 1):
+for _epoch in range(args.epochs):
     train(lr)
     t = time.perf_counter()
     val_loss = evaluate(val_data)
@@ -138,6 +138,6 @@ for epoch in range(1, args.epochs + 1):
 if args.save and os.path.exists(args.save):
     with open(args.save, "rb") as f:
         loaded = torch.load(f, weights_only=False)
-    say("reloaded", same=all(torch.equal(a, b) for a, b in
-                             zip(loaded.state_dict().values(), model.state_dict().values())))
+    pairs = zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
+    say("reloaded", same=all(torch.equal(a, b) for a, b in pairs))
 say("done", steps=updates)
