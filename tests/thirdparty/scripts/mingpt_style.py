@@ -25,6 +25,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--max-iters", type=int, default=12)
 p.add_argument("--gen-every", type=int, default=4)
 p.add_argument("--workers", type=int, default=2)
+p.add_argument("--new-tokens", type=int, default=300)
 args = p.parse_args()
 
 VOCAB, BLOCK, EMBD = 48, 16, 48
@@ -131,7 +132,8 @@ def batch_end_callback(trainer):
     if (trainer.iter_num + 1) % args.gen_every == 0:
         t = time.perf_counter()
         trainer.model.eval()
-        trainer.model.generate(torch.zeros(2, 1, dtype=torch.long), max_new_tokens=30)
+        start = torch.zeros(4, 1, dtype=torch.long)
+        trainer.model.generate(start, max_new_tokens=args.new_tokens)
         trainer.model.train()
         say("eval", after_step=trainer.iter_num + 1, seconds=time.perf_counter() - t)
 
