@@ -20,6 +20,7 @@ import math
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,6 +43,15 @@ def say(kind, **kv):
 
 
 VOCAB, N_LAYER, N_HEAD, N_EMBD = 64, 2, 2, 32
+
+
+@dataclass
+class GPTConfig:  # nanoGPT keeps the model's shape in model.config
+    block_size: int = args.block
+    vocab_size: int = VOCAB
+    n_layer: int = N_LAYER
+    n_head: int = N_HEAD
+    n_embd: int = N_EMBD
 out_dir = args.out_dir or tempfile.mkdtemp(prefix="nanogpt-")
 torch.manual_seed(1337)
 rng = np.random.default_rng(1337)
@@ -79,6 +89,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self):
         super().__init__()
+        self.config = GPTConfig()
         self.wte = nn.Embedding(VOCAB, N_EMBD)
         self.wpe = nn.Embedding(args.block, N_EMBD)
         self.h = nn.ModuleList(Block() for _ in range(N_LAYER))

@@ -5,6 +5,10 @@
   ``nn.MultiheadAttention``, ``nn.Transformer*Layer``) with ``batch_first=False`` -- their
   default, as in pytorch/examples word_language_model -- and none with ``batch_first=True``
   mean ``[seq, batch]``; samples are then the inputs' second dimension.
+* Transformer shape: layers, heads, hidden width, vocabulary, read from ``model.config``
+  under the names Hugging Face configs and nanoGPT's ``GPTConfig`` use, so that a named
+  FLOPs convention with an attention term (``palm``, ``megatron``) can be computed for
+  the run; ``position_params`` are the lookup tables that are not the vocabulary's.
 * Embedding lookups: the weights of ``nn.Embedding`` / ``nn.EmbeddingBag`` tables that no
   other module uses (an untied input embedding, a learned position table) do no matmul
   work, so the default FLOPs count (6 per matmul parameter per token) leaves them out; a
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["sequence_first", "lookup_only_params", "six_n_matmul"]
+__all__ = ["sequence_first", "lookup_only_params", "six_n_matmul", "transformer_shape"]
 
 _LAYOUT_LAYERS = ("RNN", "LSTM", "GRU", "MultiheadAttention", "TransformerEncoderLayer",
                   "TransformerDecoderLayer", "Transformer")
@@ -66,3 +70,43 @@ def six_n_matmul(num_params: int, lookups: int) -> dict[str, Any]:
             "flops_convention": (f"6N over matmul parameters (N = {n:,}; {lookups:,} "
                                  "embedding-lookup parameters left out), no attention term, "
                                  "no recompute")}
+
+
+# model.config attribute names, Hugging Face first, then nanoGPT's GPTConfig
+_SHAPE_NAMES = {
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "heads": ("num_attention_heads", "n_head", "n_heads"),
+    "hidden": ("hidden_size", "n_embd", "d_model", "dim"),
+    "vocab": ("vocab_size",),
+    "kv_heads": ("num_key_value_heads", "n_kv_head", "n_kv_heads"),
+    "ffn_hidden": ("intermediate_size", "n_inner", "ffn_dim"),
+}
+
+
+def transformer_shape(model: Any) -> dict[str, int] | None:
+    """``{layers, heads, hidden, vocab[, kv_heads, ffn_hidden], position_params}`` from
+    ``model.config``, or None when layers, heads or hidden width are not named there."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    out: dict[str, int] = {}
+    for key, names in _SHAPE_NAMES.items():
+        for name in names:
+            v = getattr(cfg, name, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                out[key] = v
+                break
+    if not {"layers", "heads", "hidden"} <= out.keys():
+        return None
+    out["position_params"] = _position_params(model, out.get("vocab", 0))
+    return out
+
+
+def _position_params(model: Any, vocab: int) -> int:
+    """Parameters of lookup tables whose row count is not the vocabulary (position tables)."""
+    n = 0
+    for m in model.modules():
+        if type(m).__name__ == "Embedding" and type(m).__module__.startswith("torch.nn"):
+            if m.num_embeddings != vocab:
+                n += int(m.weight.numel())
+    return n
