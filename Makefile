@@ -18,7 +18,7 @@ $(DEMO_VENV)/.done: pyproject.toml
 $(TEST_VENV)/.done: pyproject.toml
 	$(PY) -m venv $(TEST_VENV)
 	$(TEST_VENV)/bin/pip install -q --upgrade pip
-	$(TEST_VENV)/bin/pip install -q "$(TORCH_PIN)" "numpy<2" -e ".[torch,mindspore,hf,lightning,dev]"
+	$(TEST_VENV)/bin/pip install -q "$(TORCH_PIN)" "numpy<2" -e ".[torch,mindspore,hf,lightning,export,dev]"
 	touch $@
 
 demo: $(DEMO_VENV)/.done

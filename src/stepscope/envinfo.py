@@ -1,11 +1,13 @@
 """Framework-free facts about the host and the training code, for run.json.
 
-Only edges call these (they read files and run ``git``); results are plain dicts.
+Only edges call these (they read files and run ``git``); results are plain dicts, or the
+calculators' :class:`~stepscope.calc.cpu.CpuInfo` (the pure CPU-peak function takes it).
 
 Example::
 
     env = host_environment()            # python_version, hostname, platform, stepscope_version
     env.update(code_version("."))       # code_commit, code_dirty (when a git checkout)
+    peak, why = cpu_peak_here("fp32", threads=2)   # this CPU's peak for a 2-thread run
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .calc.cpu import CpuInfo, cpu_peak, parse_cpuinfo
+from .calc.hardware import PeakEntry
 
-__all__ = ["host_environment", "code_version", "cpu_model_name", "process_memory_bytes"]
+__all__ = ["host_environment", "code_version", "cpu_model_name", "process_memory_bytes",
+           "allowed_cpus", "cpu_facts", "cpu_peak_here"]
 
 
 def host_environment() -> dict[str, Any]:
@@ -49,12 +54,9 @@ def code_version(path: str | os.PathLike[str] = ".") -> dict[str, Any]:
 
 
 def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    for line in (_read_text("/proc/cpuinfo") or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown cpu"
 
 
@@ -76,3 +78,35 @@ def process_memory_bytes() -> tuple[float, float]:
     except OSError:
         pass
     return peak, cur
+
+
+def allowed_cpus() -> int:
+    """Logical CPUs this process may run on (sched_getaffinity; os.cpu_count elsewhere)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cpu_facts() -> CpuInfo:
+    """This host's CPU facts: /proc/cpuinfo, the cpufreq maximum, the allowed CPUs."""
+    return parse_cpuinfo(_read_text("/proc/cpuinfo") or "",
+                         _read_text("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"),
+                         allowed_cpus())
+
+
+def cpu_peak_here(dtype: str = "fp32", threads: int | None = None,
+                  clock_mhz: float | None = None) -> tuple[PeakEntry | None, str]:
+    """(peak, why-not) of this CPU for a run with ``threads`` intra-op threads.
+
+    One rule for ``stepscope run`` (threads = the framework's thread count) and ``stepscope
+    mfu --device cpu`` (threads = --cores, default every allowed core): cores = min(threads,
+    physical cores allowed), clock per :mod:`stepscope.calc.cpu`.
+    """
+    return cpu_peak(cpu_facts(), dtype, threads, clock_mhz)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None

@@ -112,33 +112,41 @@ def test_memory_impossible_layouts(capsys: pytest.CaptureFixture[str], args: lis
     assert code == 2 and needle in err
 
 
+H100 = ["--device", "NVIDIA H100 80GB HBM3"]
+
+
 def test_plan_70b_on_64x80gb_agrees_with_memory(capsys: pytest.CaptureFixture[str]) -> None:
     r = run_json(capsys, "plan", *LLAMA2_70B, "--devices", "64", "--device-memory-gb", "80",
-                 "--global-batch", "512")
+                 "--global-batch", "512", *H100)
     layouts = r["layouts"]
     assert isinstance(layouts, list) and len(layouts) >= 5
     budget = 80e9 * 0.9
     for lay in layouts:
-        assert lay["dp"] * lay["tp"] * lay["pp"] == 64
+        assert lay["dp"] * lay["tp"] * lay["pp"] * lay["cp"] == 64
         assert lay["memory"]["total_bytes"] <= budget
-    # Ranked: fewer communication-heavy dimensions first (TP last, then PP).
-    keys = [(lay["tp"], lay["pp"]) for lay in layouts]
-    assert keys == sorted(keys)
-    # The same flags through `stepscope memory` give the same bytes, for a sample of layouts.
+    # Ranked by the estimated step time, fastest first.
+    times = [lay["estimate"]["step_s"] for lay in layouts]
+    assert times == sorted(times)
+    # The printed command through `stepscope memory` gives the same bytes, for a sample.
     for lay in layouts[:: max(1, len(layouts) // 6)]:
-        mem = run_json(capsys, "memory", *LLAMA2_70B, *lay["flags"].split())
-        assert mem == lay["memory"]
+        argv = lay["memory_command"].split()
+        assert argv[:2] == ["stepscope", "memory"]
+        mem = run_json(capsys, *argv[1:])
+        assert {k: mem[k] for k in lay["memory"]} == lay["memory"]
 
 
 def test_plan_python_matches_estimate() -> None:
+    from stepscope.calc.steptime import LINKS
+
     spec = ModelSpec(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672,
                      swiglu=True, vocab=32000, seq_len=4096)
-    layouts = plan(spec, 64, 80e9, 512)
+    layouts = plan(spec, 64, 80e9, 512, peak_flops=989.5e12, links=LINKS["H100 SXM"],
+                   framework="deepspeed")
     best = layouts[0]
     again = estimate(spec, dp=best.dp, tp=best.tp, pp=best.pp, zero=best.zero,
                      micro_batch=best.micro_batch, recompute=best.recompute,
                      sequence_parallel=best.sequence_parallel,
-                     num_microbatches=best.num_microbatches)
+                     num_microbatches=best.num_microbatches, flash_attention=True)
     assert again == best.memory
     # 70B in mixed-precision Adam: 16 B/param = 1.1 TB of states; no single layout without
     # sharding fits, every feasible one shards states (ZeRO or PP/TP).
@@ -147,5 +155,14 @@ def test_plan_python_matches_estimate() -> None:
 
 def test_plan_nothing_fits(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "plan", *LLAMA2_70B, "--devices", "2",
-                       "--device-memory-gb", "24")
+                       "--device-memory-gb", "24", "--global-batch", "8", *H100)
     assert code == 2 and "no layout fits" in err and "smallest needs" in err
+
+
+def test_plan_needs_a_peak_for_the_time(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plan", *LLAMA2_70B, "--devices", "64",
+                       "--device-memory-gb", "80", "--global-batch", "512")
+    assert code == 2 and "estimated step time" in err and "--device" in err
+    code, _, err = run(capsys, "plan", *LLAMA2_70B, "--devices", "64", "--device-memory-gb",
+                       "80", "--global-batch", "512", "--peak-tflops", "400")
+    assert code == 2 and "--intra-node-gbps" in err

@@ -6,16 +6,16 @@ import os
 
 import pytest
 
-from stepscope.calc.cpu import CpuInfo, cpu_peak, read_cpuinfo
+from stepscope.calc.cpu import CpuInfo, cores_used, cpu_peak, parse_cpuinfo
 from stepscope.calc.hardware import (
     DEVICES,
     DTYPES,
     explain_miss,
-    host_cpu_peak,
     lookup_peak,
     normalize_dtype,
     require_peak,
 )
+from stepscope.envinfo import cpu_facts, cpu_peak_here
 from stepscope.errors import UnknownDeviceError
 
 # Strings as torch.cuda.get_device_name() / torch_npu / JAX report them -> table row.
@@ -43,6 +43,15 @@ REPORTED = [
     ("TPU v5 lite", "TPU v5e"),
     ("TPU v5", "TPU v5p"),
     ("Ascend910A", "Ascend 910"),
+    ("NVIDIA B200", "B200"),
+    ("NVIDIA GB200", "GB200"),
+    ("NVIDIA L4", "L4"),
+    ("NVIDIA A10", "A10"),
+    ("Tesla T4", "T4"),
+    ("AMD Instinct MI250X", "MI250X"),
+    ("AMD Instinct MI325X", "MI325X"),
+    ("AMD Instinct MI355X", "MI355X"),
+    ("TPU v6 lite", "TPU v6e"),
 ]
 
 
@@ -61,7 +70,8 @@ def test_every_entry_has_source_and_dense_figures() -> None:
         assert dev.source and dev.peaks
         assert set(dev.peaks) <= set(DTYPES)
         # Dense only: the H100 SXM dense bf16 is 989.5e12, the sparse 1979e12 is never here.
-        assert all(v < 3e15 for v in dev.peaks.values())
+        # (dense bf16/fp16 of the largest part, GB200, is 2.5e15; fp8 twice that)
+        assert all(v < (6e15 if dt == "fp8" else 3e15) for dt, v in dev.peaks.items())
     h100 = {d.name: d for d in DEVICES}["H100 SXM"].peaks
     assert h100 == {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12,
                     "fp8": 1979e12}
@@ -78,9 +88,10 @@ def test_ascend_910b_needs_confirmation() -> None:
 
 def test_similar_names_are_not_guessed() -> None:
     # H20 and GH200 are other parts: never matched to H200 by a loose pattern.
-    for name in ("NVIDIA H20", "NVIDIA GH200 480GB", "NVIDIA A10G", "NVIDIA A10"):
+    for name in ("NVIDIA H20", "NVIDIA GH200 480GB", "NVIDIA A10G"):
         assert lookup_peak(name, "bf16") is None, name
-    assert "H200" in explain_miss("NVIDIA H20", "bf16")
+    assert "not the H200" in explain_miss("NVIDIA H20", "bf16")
+    assert "--peak-tflops" in explain_miss("NVIDIA H20", "bf16")
     assert "no first-party" in explain_miss("Ascend910_9392", "bf16")
 
 
@@ -88,7 +99,7 @@ def test_unknown_device_lists_close_names() -> None:
     msg = explain_miss("NVIDIA H10", "bf16")
     assert "close names: " in msg and "H100" in msg and "--peak-tflops" in msg
     with pytest.raises(UnknownDeviceError, match="MI300X"):
-        require_peak("AMD Instinct MI250X", "bf16")
+        require_peak("AMD Instinct MI210", "bf16")
 
 
 def test_dtype_missing_for_device_is_explained() -> None:
@@ -122,35 +133,52 @@ processor\t: 1
 
 
 def test_cpu_peak_zen5_from_cpuinfo() -> None:
-    info = read_cpuinfo(ZEN5_CPUINFO, max_freq_khz="", cpus=2)
+    info = parse_cpuinfo(ZEN5_CPUINFO, max_freq_khz="", cpus=2)
     entry, why = cpu_peak(info, "fp32")
     assert why == "" and entry is not None
-    assert entry.flops == 2 * 64 * 2596.120e6  # cores x FLOP/cycle x Hz = 332.3 GFLOP/s
-    assert "58455" in entry.source and "cpu MHz" in entry.source
+    # No cpufreq (a VM): the nominal 2596 MHz could be below the boosted clock and would
+    # overstate MFU, so the EPYC 9005 boost ceiling (5.0 GHz) is used and said.
+    assert entry.flops == 2 * 64 * 5.0e9
+    assert "58455" in entry.source and "boost ceiling" in entry.source
+    assert "9175F" in entry.note and "332.3 GFLOP/s" in entry.note and "1.93x" in entry.note
     # cpufreq maximum wins when the kernel exposes it; threads asked beyond cores are capped.
-    info = read_cpuinfo(ZEN5_CPUINFO, max_freq_khz="3700000\n", cpus=2)
+    info = parse_cpuinfo(ZEN5_CPUINFO, max_freq_khz="3700000\n", cpus=2)
     assert cpu_peak(info, "fp32", cores=8)[0].flops == 2 * 64 * 3.7e9  # type: ignore[union-attr]
+    # A clock the caller measured wins over both.
+    given = cpu_peak(info, "fp32", clock_mhz=2596.12)[0]
+    assert given is not None and given.flops == 2 * 64 * 2596.12e6
+    assert "given clock" in given.source
+
+
+def test_cpu_cores_are_the_threads_the_run_used() -> None:
+    info = parse_cpuinfo(ZEN5_CPUINFO, max_freq_khz="", cpus=2)
+    assert cores_used(info, 1) == (1, "1 intra-op threads (of 2 cores: 2 CPUs allowed by "
+                                      "sched_getaffinity / 1 threads per core)")
+    assert cores_used(info, None)[0] == cores_used(info, 2)[0] == cores_used(info, 64)[0] == 2
+    one = cpu_peak(info, "fp32", cores=1)[0]
+    assert one is not None and one.flops == 64 * 5.0e9 and "x 1 cores" in one.source
 
 
 def test_cpu_peak_refuses_what_it_cannot_defend() -> None:
-    info = read_cpuinfo(ZEN5_CPUINFO, max_freq_khz="", cpus=2)
+    info = parse_cpuinfo(ZEN5_CPUINFO, max_freq_khz="", cpus=2)
     entry, why = cpu_peak(info, "bf16")
     assert entry is None and "--peak-tflops" in why
     intel = CpuInfo(vendor="GenuineIntel", family=6, model=143, model_name="Intel Xeon",
                     mhz=2000.0, max_mhz=None, threads_per_core=2, cpus=8)
     entry, why = cpu_peak(intel, "fp32")
     assert entry is None and "not in stepscope's table" in why
-    smt = read_cpuinfo(ZEN5_CPUINFO.replace("siblings\t: 2", "siblings\t: 4"), "", cpus=4)
-    assert cpu_peak(smt, "fp32")[0].flops == 2 * 64 * 2596.120e6  # type: ignore[union-attr]
+    smt = parse_cpuinfo(ZEN5_CPUINFO.replace("siblings\t: 2", "siblings\t: 4"), "", cpus=4)
+    assert cpu_peak(smt, "fp32")[0].flops == 2 * 64 * 5.0e9  # type: ignore[union-attr]
 
 
-def test_host_cpu_peak_on_this_machine() -> None:
-    entry = host_cpu_peak("fp32")
-    info = read_cpuinfo()
+def test_cpu_peak_on_this_machine() -> None:
+    entry, why = cpu_peak_here("fp32")
+    info = cpu_facts()
     if entry is None:  # another machine: must say why, never guess
-        assert cpu_peak(info, "fp32")[1]
+        assert why and cpu_peak(info, "fp32")[1] == why
         return
     cores = min(len(os.sched_getaffinity(0)), info.cpus) // info.threads_per_core
     assert entry.flops > 0 and f"x {cores} cores" in entry.source
-    assert require_peak("cpu", "fp32") == entry
-    assert host_cpu_peak("bf16") is None
+    assert cpu_peak_here("bf16")[0] is None
+    with pytest.raises(UnknownDeviceError, match="cpu_peak_here"):
+        require_peak("cpu", "fp32")  # the pure table never reads the host

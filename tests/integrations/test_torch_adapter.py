@@ -51,10 +51,10 @@ def test_environment_and_device() -> None:
     info = sst.device_info("cpu")
     assert info["device_kind"] == "cpu" and info["num_devices"] == 1
     assert sst.sync_fn("cpu") is None
-    from stepscope.calc import hardware
+    from stepscope.envinfo import cpu_peak_here
 
     peak, source = sst.peak_flops_for_device("cpu", "fp32")
-    entry = hardware.host_cpu_peak("fp32", cores=torch.get_num_threads())
+    entry = cpu_peak_here("fp32", threads=torch.get_num_threads())[0]
     if entry is None:  # a CPU without a defensible figure: unavailable, never guessed
         assert peak is None and "--peak-tflops" in source
     else:

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+from .cpu import CpuInfo, cpu_peak, host_cpu_peak
 from .flops import (
     CONVENTIONS,
     FlopsEstimate,
@@ -22,7 +23,7 @@ from .flops import (
     mfu,
     tokens_per_s_from_step,
 )
-from .hardware import PeakEntry, explain_miss, host_cpu_peak, lookup_peak, require_peak
+from .hardware import PeakEntry, explain_miss, lookup_peak, require_peak
 from .memory import MemoryEstimate, estimate
 from .plan import Layout, plan
 
@@ -39,6 +40,8 @@ __all__ = [
     "explain_miss",
     "require_peak",
     "host_cpu_peak",
+    "cpu_peak",
+    "CpuInfo",
     "MemoryEstimate",
     "estimate",
     "Layout",

@@ -110,10 +110,9 @@ def stage_activations(spec: ModelSpec, micro_batch: int = 1, tp: int = 1, pp: in
             and not flash_attention):
         raise ConfigError("the attention-score activations (5*a*s^2*b per layer) need the head "
                           "count: give --heads, or --flash-attention / --recompute selective")
-    experts = (spec.moe_top_k + spec.moe_shared_experts) if spec.moe_experts else 1
     layer = layer_activation_bytes(
         s, b, h, spec.n_heads, tp, sequence_parallel, recompute, q_width=spec.q_width,
-        kv_width=spec.kv_width, ffn=spec.ffn, swiglu=spec.swiglu, mlp_copies=experts,
+        kv_width=spec.kv_width, ffn=round(spec.mlp_flop_width()), swiglu=spec.swiglu,
         flash_attention=flash_attention)
     in_flight = float(pp if num_microbatches is None else min(pp, num_microbatches))
     penalty = interleaved_penalty(pp, virtual_stages) if virtual_stages and pp > 1 else 1.0

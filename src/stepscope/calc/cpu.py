@@ -1,17 +1,24 @@
 """Peak FLOP/s of this machine's CPU, for MFU on CPU: only where it can be defended.
 
-peak = cores x FLOP/cycle/core x clock, where
+peak = cores x FLOP/cycle/core x clock, from host facts the caller passes in (a pure module:
+:func:`stepscope.envinfo.cpu_facts` reads them; the CLI and the adapters resolve "cpu"), where
 
 * FLOP/cycle/core = FMA units x SIMD lanes x 2 (an FMA is a multiply and an add). It is
   known per microarchitecture, which is identified from the vendor's CPUID family/model (the
   "model name" in VMs is often just "AMD EPYC"), never from the instruction-set flags alone:
   the same AVX-512 flags run on one or two 512-bit FMA units (Intel Xeon by SKU) or on two
   256-bit units double-pumped (AMD Zen 4).
-* clock = /sys cpufreq ``cpuinfo_max_freq`` when the kernel exposes it (the highest clock, so
-  the peak is not understated), else /proc/cpuinfo "cpu MHz" (in a VM: the nominal clock the
-  hypervisor reports; boost above it would make MFU an overestimate -- said in the note).
-* cores = physical cores among the CPUs this process may run on (``os.sched_getaffinity``,
-  what torch's thread pool uses), divided by threads per core (SMT siblings share FMA units).
+* clock: one that can be defended as *at least* the real one, so a CPU MFU is never
+  overstated (a peak too low inflates MFU). In order: a clock the caller gives (measured, or the
+  known all-core sustained clock: ``--cpu-clock-ghz``); the kernel's cpufreq
+  ``cpuinfo_max_freq`` (the highest clock any core may run at); else -- VMs expose no cpufreq,
+  and /proc/cpuinfo "cpu MHz" is the nominal clock, which boost exceeds -- the highest boost
+  clock published for any SKU of the identified microarchitecture. The entry names which
+  (:attr:`PeakEntry.note`) and, for the last, what the nominal clock would give.
+* cores = the cores the run used: ``min(threads, physical cores)`` where threads is the
+  framework's intra-op thread count when known (torch.get_num_threads()), and physical cores
+  are the CPUs the process may run on (sched_getaffinity) divided by threads per core (SMT
+  siblings share FMA units). The same rule in ``stepscope run`` and ``stepscope mfu``.
 
 Known microarchitectures (fp32; FP64 is half):
 
@@ -31,28 +38,24 @@ depending on SKU, AMX tile throughput for bf16), Arm servers, and every bf16/fp1
 (no vendor-published per-cycle throughput for VDPBF16PS on AMD; on this machine's Zen 5 bf16
 matmuls measured ~1.5x the fp32 peak, so using the fp32 figure for bf16 would be wrong).
 
-This machine (2025-11 sandbox): "AMD EPYC", family 26 (1Ah) model 2, 2 cores, 2596 MHz, no
-cpufreq -> fp32 peak 2 x 64 x 2.596e9 = 332.3 GFLOP/s.
+This machine (2025-11 sandbox): "AMD EPYC", family 26 (1Ah) model 2, 2 cores, 2596 MHz
+nominal, no cpufreq -> clock ceiling 5.0 GHz (EPYC 9005) -> fp32 peak 2 x 64 x 5.0e9 =
+640 GFLOP/s (332.3 at the nominal clock: MFU against that would be up to 1.93x higher).
 
 Example::
 
-    entry = host_cpu_peak("fp32")        # PeakEntry(device="AMD Zen 5 server (...)", ...)
-    if entry is None:
-        print(explain_host_cpu_peak("fp32"))
+    info = parse_cpuinfo(Path("/proc/cpuinfo").read_text(), max_freq_khz=None, cpus=2)
+    entry, why = cpu_peak(info, "fp32", cores=2)    # (PeakEntry(...), "") or (None, why)
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .hardware import PeakEntry
+from .hardware import PeakEntry
 
-__all__ = ["CpuInfo", "read_cpuinfo", "cpu_peak", "host_cpu_peak", "explain_host_cpu_peak"]
+__all__ = ["CpuInfo", "parse_cpuinfo", "cpu_peak", "host_cpu_peak", "cores_used"]
 
 
 @dataclass(frozen=True)
@@ -63,24 +66,32 @@ class _Microarch:
     models: tuple[tuple[int, int], ...]
     fp32_flop_per_cycle: int
     source: str
+    boost_ceiling_mhz: float
+    boost_source: str
 
 
 _MICROARCHS = (
     _Microarch("AMD Zen 5 server (EPYC 9005)", "AuthenticAMD", 0x1A, ((0x00, 0x1F),), 64,
                "AMD Software Optimization Guide for Zen 5 (pub. 58455): two 512-bit FMA "
-               "pipes -> 2 FMA x 16 fp32 lanes x 2 FLOP = 64 FLOP/cycle/core"),
+               "pipes -> 2 FMA x 16 fp32 lanes x 2 FLOP = 64 FLOP/cycle/core",
+               5000.0, "highest EPYC 9005 boost: EPYC 9175F 'up to 5.0 GHz' (AMD product page)"),
     _Microarch("AMD Zen 4 (EPYC 9004)", "AuthenticAMD", 0x19, ((0x10, 0x1F), (0xA0, 0xAF)), 32,
                "AMD Software Optimization Guide for Family 19h: two 256-bit FMA pipes, "
-               "AVX-512 double-pumped -> 2 x 8 x 2 = 32 FLOP/cycle/core"),
+               "AVX-512 double-pumped -> 2 x 8 x 2 = 32 FLOP/cycle/core",
+               4400.0, "highest EPYC 9004 boost: EPYC 9174F 'up to 4.4 GHz' (AMD product page)"),
     _Microarch("AMD Zen 3 (EPYC 7003)", "AuthenticAMD", 0x19, ((0x00, 0x0F),), 32,
                "AMD Software Optimization Guide for Family 19h: two 256-bit FMA pipes "
-               "-> 2 x 8 x 2 = 32 FLOP/cycle/core"),
+               "-> 2 x 8 x 2 = 32 FLOP/cycle/core",
+               4100.0, "highest EPYC 7003 boost: EPYC 72F3 'up to 4.1 GHz' (AMD product page)"),
 )
 
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """What the peak needs from the machine; read by :func:`read_cpuinfo` at the edge."""
+    """Host facts the peak needs (read at the edge: :func:`stepscope.envinfo.cpu_facts`).
+
+    ``cpus``: logical CPUs the process may run on (sched_getaffinity).
+    """
 
     vendor: str
     family: int
@@ -92,16 +103,8 @@ class CpuInfo:
     cpus: int
 
 
-def read_cpuinfo(cpuinfo_text: str | None = None, max_freq_khz: str | None = None,
-                 cpus: int | None = None) -> CpuInfo:
-    """Parse /proc/cpuinfo (first processor) and the cpufreq maximum; arguments for tests."""
-    if cpuinfo_text is None:
-        cpuinfo_text = _read("/proc/cpuinfo") or ""
-    if max_freq_khz is None:
-        max_freq_khz = _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
+def parse_cpuinfo(cpuinfo_text: str, max_freq_khz: str | None, cpus: int) -> CpuInfo:
+    """Parse /proc/cpuinfo text (first processor) and the cpufreq maximum (kHz text)."""
     first = cpuinfo_text.split("\n\n")[0]
     fields = dict(_kv(line) for line in first.splitlines() if ":" in line)
     siblings, cores = _int(fields.get("siblings")), _int(fields.get("cpu cores"))
@@ -111,14 +114,26 @@ def read_cpuinfo(cpuinfo_text: str | None = None, max_freq_khz: str | None = Non
     max_mhz = max_khz / 1000.0 if max_khz else None
     return CpuInfo(vendor=fields.get("vendor_id", ""), family=_int(fields.get("cpu family")),
                    model=_int(fields.get("model")), model_name=fields.get("model name", ""),
-                   mhz=mhz, max_mhz=max_mhz, threads_per_core=tpc, cpus=cpus)
+                   mhz=mhz, max_mhz=max_mhz, threads_per_core=tpc, cpus=max(1, cpus))
 
 
-def cpu_peak(info: CpuInfo, dtype: str = "fp32",
-             cores: int | None = None) -> tuple[PeakEntry | None, str]:
-    """(peak, reason): the entry when defensible, else None and why (pure function)."""
-    from .hardware import PeakEntry
+def cores_used(info: CpuInfo, threads: int | None = None) -> tuple[int, str]:
+    """(cores, how): min(threads, physical cores the process may use) and how it was found."""
+    physical = max(1, info.cpus // info.threads_per_core)
+    allowed = (f"{info.cpus} CPUs allowed by sched_getaffinity / {info.threads_per_core} "
+               "threads per core")
+    if threads is not None and threads > 0 and threads < physical:
+        return threads, f"{threads} intra-op threads (of {physical} cores: {allowed})"
+    return physical, allowed
 
+
+def cpu_peak(info: CpuInfo, dtype: str = "fp32", cores: int | None = None,
+             clock_mhz: float | None = None) -> tuple[PeakEntry | None, str]:
+    """(peak, reason): the entry when defensible, else None and why (pure function).
+
+    ``cores``: threads the run used (capped at the physical cores); ``clock_mhz``: a clock
+    the caller measured or knows (all-core sustained); see the module docstring.
+    """
     arch = _match(info)
     label = f"{info.model_name or 'CPU'} (family {info.family:#x} model {info.model:#x})"
     if arch is None:
@@ -128,30 +143,35 @@ def cpu_peak(info: CpuInfo, dtype: str = "fp32",
         return None, (f"no defensible {dtype} peak for {arch.name}: vendors publish no "
                       f"per-cycle {dtype} throughput for it; pass --peak-tflops "
                       f"(the fp32 figure is not a {dtype} peak)")
-    mhz, clock_src = ((info.max_mhz, "cpufreq cpuinfo_max_freq") if info.max_mhz
-                      else (info.mhz, '/proc/cpuinfo "cpu MHz"'))
-    if not mhz:
-        return None, f"no clock readable for {label}; pass --peak-tflops"
-    # SMT siblings share a core's FMA units: never count more cores than are physically there.
-    physical = max(1, info.cpus // info.threads_per_core)
-    n_cores = min(cores, physical) if cores is not None and cores > 0 else physical
+    mhz, clock, note = _clock(info, arch, clock_mhz)
+    n_cores, how = cores_used(info, cores)
     flops = n_cores * arch.fp32_flop_per_cycle * mhz * 1e6
-    source = (f"{arch.source}; x {mhz:.0f} MHz ({clock_src}) x {n_cores} cores "
-              f"(sched_getaffinity / threads per core)")
-    note = ("clock as reported; turbo above it or AVX-512 down-clocking moves the real peak"
-            if clock_src.startswith("/proc") else "maximum clock; sustained may be lower")
+    if clock == "boost ceiling" and info.mhz:
+        note += (f"; at the nominal {info.mhz:.0f} MHz the peak would be "
+                 f"{flops * info.mhz / mhz / 1e9:.1f} GFLOP/s (MFU up to "
+                 f"{mhz / info.mhz:.2f}x higher)")
+    source = (f"{arch.source}; x {mhz:.0f} MHz ({clock}) x {n_cores} cores ({how})")
     return PeakEntry(device=arch.name, dtype="fp32", flops=flops, source=source,
                      note=note), ""
 
 
-def host_cpu_peak(dtype: str = "fp32", cores: int | None = None) -> PeakEntry | None:
-    """Peak FLOP/s of this machine's CPU for ``dtype``, or None when not defensible."""
-    return cpu_peak(read_cpuinfo(), dtype, cores)[0]
+def host_cpu_peak(info: CpuInfo, dtype: str = "fp32", cores: int | None = None,
+                  clock_mhz: float | None = None) -> PeakEntry | None:
+    """Peak FLOP/s of the CPU these facts describe, or None when not defensible."""
+    return cpu_peak(info, dtype, cores, clock_mhz)[0]
 
 
-def explain_host_cpu_peak(dtype: str = "fp32", cores: int | None = None) -> str:
-    """Why :func:`host_cpu_peak` returned None ('' when it did not)."""
-    return cpu_peak(read_cpuinfo(), dtype, cores)[1]
+def _clock(info: CpuInfo, arch: _Microarch, given: float | None) -> tuple[float, str, str]:
+    """(MHz, which clock, note): never below the real clock, so MFU is never overstated."""
+    if given:
+        return given, "given clock", "clock given by the caller (measured or all-core)"
+    if info.max_mhz:
+        return info.max_mhz, "cpufreq cpuinfo_max_freq", ("the kernel's maximum clock: "
+                                                          "sustained clocks are lower, so MFU "
+                                                          "is a lower bound")
+    return arch.boost_ceiling_mhz, "boost ceiling", (
+        f"no cpufreq (a VM?): {arch.boost_source}, an upper bound on this core's clock, so "
+        "MFU is a lower bound; pass --cpu-clock-ghz with a measured clock")
 
 
 def _match(info: CpuInfo) -> _Microarch | None:
@@ -160,13 +180,6 @@ def _match(info: CpuInfo) -> _Microarch | None:
                 and any(lo <= info.model <= hi for lo, hi in arch.models)):
             return arch
     return None
-
-
-def _read(path: str) -> str | None:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return None
 
 
 def _kv(line: str) -> tuple[str, str]:

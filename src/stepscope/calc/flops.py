@@ -56,6 +56,8 @@ __all__ = [
     "CONVENTIONS",
     "RECOMPUTE",
     "flops_per_token",
+    "six_n_flops",
+    "check_utilization",
     "forward_flops_breakdown",
     "mfu",
     "hfu",
@@ -98,12 +100,13 @@ class FlopsEstimate:
 
 
 def flops_per_token(spec: ModelSpec, convention: str = "palm", recompute: str = "none",
-                    causal: bool | None = None, recompute_fraction: float = 1.0) -> FlopsEstimate:
+                    causal: bool | None = None, recompute_fraction: float = 1.0,
+                    tp: int = 1) -> FlopsEstimate:
     """FLOPs per trained token for ``spec`` under ``convention`` (see the module docstring).
 
     ``causal`` halves the attention-core term; None takes the convention's own choice (only
     ``megatron`` halves). ``recompute_fraction`` is the share of the dense forward re-run by
-    ``full`` recompute (PaLM 540B: 0.75).
+    ``full`` recompute (PaLM 540B: 0.75). ``tp`` only pads the vocabulary (``vocab_divisor``).
 
     Example::
 
@@ -119,11 +122,14 @@ def flops_per_token(spec: ModelSpec, convention: str = "palm", recompute: str = 
         raise ConfigError(f"recompute_fraction must be in [0, 1], got {recompute_fraction}")
     is_causal = (convention == "megatron") if causal is None else causal
     megatron = convention.startswith("megatron")
-    dense, logits, formula = (_megatron_dense(spec) if megatron
-                              else _param_dense(spec, convention))
+    dense, logits, formula = (_megatron_dense(spec, tp) if megatron
+                              else _param_dense(spec, convention, tp))
     # Attention core QK^T and AV: 2*T*H*Q FLOPs each per token per layer forward, x3 with
     # backward = 12*L*H*Q*T (PaLM App. B; Korthikanti's 72Bslh^2 * s/(6h) is the same).
-    attention = 0.0 if convention == "6n" else 12.0 * spec.layers * spec.q_width * spec.seq_len
+    # MLA: H*Q -> heads x (qk dims + v dim) / 2, as Megatron-LM counts it; MTP layers attend.
+    attn_layers = spec.layers + spec.mtp_layers
+    attention = (0.0 if convention == "6n"
+                 else 12.0 * attn_layers * spec.attn_core_width * spec.seq_len)
     if is_causal:
         attention /= 2.0
         formula += " + 6*L*H*Q*T (causal: half of 12*L*H*Q*T)"
@@ -138,9 +144,37 @@ def flops_per_token(spec: ModelSpec, convention: str = "palm", recompute: str = 
         formula=formula, source=_SOURCES[convention])
 
 
-def _param_dense(spec: ModelSpec, convention: str) -> tuple[float, float, str]:
+def six_n_flops(params: float, recompute: str = "none") -> FlopsEstimate:
+    """The ``6n`` convention from a parameter count alone (no shape needed): 6N per token.
+
+    Full recompute adds one forward (2N); selective adds nothing (no attention term in 6N).
+    """
+    _check_positive(params=params)
+    if recompute not in RECOMPUTE:
+        raise ConfigError(f"unknown recompute {recompute!r}; expected one of "
+                          f"{', '.join(RECOMPUTE)}")
+    dense = 6.0 * params
+    extra = dense / 3.0 if recompute == "full" else 0.0
+    return FlopsEstimate(
+        flops_per_token=dense, hardware_flops_per_token=dense + extra, convention="6n",
+        recompute=recompute, causal=False, dense_flops_per_token=dense,
+        attention_flops_per_token=0.0, recompute_flops_per_token=extra, formula="6*N",
+        source=_SOURCES["6n"])
+
+
+def check_utilization(name: str, value: float) -> None:
+    """Raise ConfigError for an MFU/HFU above 100%, naming the likely causes."""
+    if value > 1.0:
+        raise ConfigError(
+            f"{name} {value:.1%} is impossible (above 100%): check the device count (every "
+            "device of the run, all nodes), the peak (dense per device: a datasheet figure "
+            "'with sparsity' is 2x the dense one) and the throughput's units (tokens/s over "
+            "all devices and the whole optimizer step, not per device, not samples/s)")
+
+
+def _param_dense(spec: ModelSpec, convention: str, tp: int) -> tuple[float, float, str]:
     """6N for the parameter-count conventions; returns (dense, logits part, formula)."""
-    n = spec.num_active_params()
+    n = spec.num_active_params(tp)
     if spec.params is None:
         n -= spec.position_embedding_params()  # a table lookup, no matmul (nanoGPT)
     formula = "6*N"
@@ -149,24 +183,37 @@ def _param_dense(spec: ModelSpec, convention: str) -> tuple[float, float, str]:
             raise ConfigError("the torchtitan convention subtracts the input embedding V*h; "
                               "give --vocab V")
         if not spec.tied_embeddings:
-            n -= spec.input_embedding_params()
+            n -= spec.input_embedding_params(tp)
         formula = "6*(N - V*h)"
-    logits = 6.0 * spec.hidden * spec.vocab
+    logits = 6.0 * spec.hidden * spec.padded_vocab(tp)
     return 6.0 * n, logits, formula
 
 
-def _megatron_dense(spec: ModelSpec) -> tuple[float, float, str]:
-    """Megatron's matmul count per token (forward + backward), without the attention core."""
+def _attention_linear_params(spec: ModelSpec) -> float:
+    """One layer's attention projection weights as Megatron counts them (MLA: with norms)."""
+    return float(sum(m.numel for m in spec.attention_matrices()))
+
+
+def _megatron_dense(spec: ModelSpec, tp: int = 1) -> tuple[float, float, str]:
+    """Megatron's matmul count per token (forward + backward), without the attention core.
+
+    Megatron-LM ``num_floating_point_operations``: per layer 6 x (attention projections +
+    h*m*(f dense | f_e*k + shared, MoE)); MTP adds its layers, 6*(3h + 2h^2) and one more
+    logit layer each; logits 6*h*V (V padded).
+    """
     if spec.vocab <= 0:
         raise ConfigError("the megatron conventions count the logit layer 6*h*V; give --vocab V")
-    h = spec.hidden
-    mlp_mats = 3 if spec.swiglu else 2  # SwiGLU: gate, up, down (Megatron's 3/2 multiplier)
-    experts = (spec.moe_top_k + spec.moe_shared_experts) if spec.moe_experts else 1
-    per_layer = (2 * h * spec.q_width + 2 * h * spec.kv_width
-                 + mlp_mats * h * spec.ffn * experts)
-    logits = 6.0 * h * spec.vocab
-    dense = 6.0 * spec.layers * per_layer + logits
-    return dense, logits, "6*L*(2h*H*Q + 2h*g*Q + m*h*f*k) + 6*h*V"
+    h, m = spec.hidden, spec.mlp_mats  # SwiGLU: gate, up, down (Megatron's 3/2 multiplier)
+    moe_width = spec.expert_ffn * spec.moe_top_k + spec.shared_ffn
+    attn = _attention_linear_params(spec)
+    mtp = spec.mtp_layers
+    mtp_width = moe_width if spec.moe_layers else spec.ffn
+    dense = 6.0 * ((spec.layers + mtp) * attn
+                   + h * m * (spec.dense_layers * spec.ffn + spec.moe_layers * moe_width
+                              + mtp * mtp_width)
+                   + mtp * (3 * h + 2 * h * h))
+    logits = 6.0 * h * spec.padded_vocab(tp) * (1 + mtp)
+    return dense + logits, logits, "6*L*(attention projections + m*h*f*k) + 6*h*V"
 
 
 def _recompute_extra(recompute: str, megatron: bool, dense: float, logits: float,
@@ -187,7 +234,8 @@ def _recompute_extra(recompute: str, megatron: bool, dense: float, logits: float
 def forward_flops_breakdown(spec: ModelSpec, batch: int = 1) -> dict[str, float]:
     """Explicit forward matmul FLOPs per sequence batch, nanoGPT-notebook style (no causal).
 
-    Keys: attention_qkv, attention_scores, attention_reduce, attention_proj, mlp (per layer),
+    Keys: attention_qkv, attention_scores, attention_reduce, attention_proj, mlp (per layer;
+    the mean over layers for mixed dense/MoE models),
     transformer (all layers), lm_head, forward, forward_backward (= 3 x forward). This is what
     torch's FlopCounterMode measures (matmuls and SDPA; norms, softmax and lookups are 0).
 
@@ -196,17 +244,16 @@ def forward_flops_breakdown(spec: ModelSpec, batch: int = 1) -> dict[str, float]
         forward_flops_breakdown(gpt2_124m)["forward"]   # 291,648,307,200
     """
     t, h = spec.seq_len * batch, spec.hidden
-    experts = (spec.moe_top_k + spec.moe_shared_experts) if spec.moe_experts else 1
     per_layer = {
-        "attention_qkv": 2.0 * t * h * (spec.q_width + 2 * spec.kv_width),
+        "attention_qkv": 2.0 * t * (_attention_linear_params(spec) - spec.v_width * h),
         "attention_scores": 2.0 * t * spec.seq_len * spec.q_width,
-        "attention_reduce": 2.0 * t * spec.seq_len * spec.q_width,
-        "attention_proj": 2.0 * t * spec.q_width * h,
-        "mlp": 2.0 * t * h * spec.ffn * (3 if spec.swiglu else 2) * experts,
+        "attention_reduce": 2.0 * t * spec.seq_len * spec.v_width,
+        "attention_proj": 2.0 * t * spec.v_width * h,
+        "mlp": 2.0 * t * h * spec.mlp_flop_width() * spec.mlp_mats,
     }
     out = dict(per_layer)
     out["transformer"] = spec.layers * sum(per_layer.values())
-    out["lm_head"] = 2.0 * t * h * spec.vocab
+    out["lm_head"] = 2.0 * t * h * spec.padded_vocab()
     out["forward"] = out["transformer"] + out["lm_head"]
     out["forward_backward"] = 3.0 * out["forward"]
     return out

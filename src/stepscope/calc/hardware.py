@@ -10,8 +10,9 @@ a dense figure is never mixed with a sparse one: feeding 1979e12 for an H100 hal
 Names are matched as frameworks report them: ``torch.cuda.get_device_name()`` ("NVIDIA H100
 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB", "AMD Instinct MI300X"),
 ``torch_npu``/MindSpore/``npu-smi`` ("Ascend910B2"), JAX/torch_xla device kinds ("TPU v5
-lite"). CPU peaks depend on the microarchitecture and clock of the machine, see
-:func:`host_cpu_peak` (in :mod:`stepscope.calc.cpu`).
+lite"). CPU peaks depend on the microarchitecture and clock of the machine: see
+:mod:`stepscope.calc.cpu` (pure, from host facts) and :func:`stepscope.envinfo.cpu_peak_here`
+(which reads them); "cpu" is resolved there, never here.
 
 Example::
 
@@ -25,7 +26,6 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import UnknownDeviceError
-from .cpu import explain_host_cpu_peak, host_cpu_peak
 
 __all__ = [
     "PeakEntry",
@@ -36,8 +36,7 @@ __all__ = [
     "lookup_peak",
     "explain_miss",
     "require_peak",
-    "host_cpu_peak",
-    "explain_host_cpu_peak",
+    "is_host_cpu",
 ]
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -138,6 +137,48 @@ DEVICES: tuple[DeviceSpec, ...] = (
                "NVIDIA L40S datasheet (2023): dense figures as printed beside the "
                "asterisked sparse ones (bf16 362.05 | 733*)",
                "torchtitan uses 362e12 for bf16"),
+    DeviceSpec("GB200", (r"\bgb200\b",),
+               {"fp32": 80e12, "tf32": 1250e12, "bf16": 2500e12, "fp16": 2500e12,
+                "fp8": 5000e12},
+               "NVIDIA GB200 NVL72 datasheet (2024): per rack of 72 GPUs FP16/BF16 360 PF*, "
+               f"FP8 720 PF*, TF32 180 PF*, FP32 5,760 TF; per GPU, {_SPARSE_HALVED}"),
+    DeviceSpec("B200", (r"\bb200\b",),
+               {"fp32": 75e12, "tf32": 1125e12, "bf16": 2250e12, "fp16": 2250e12,
+                "fp8": 4500e12},
+               "NVIDIA HGX B200 datasheet (2024): per 8 GPUs FP16/BF16 36 PF*, FP8 72 PF*, "
+               f"TF32 18 PF*, FP32 600 TF; per GPU, {_SPARSE_HALVED}",
+               "torchtitan uses 2.25e15 for bf16"),
+    DeviceSpec("L4", (r"\bl4\b",),
+               {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12,
+                "fp8": 242.5e12},
+               f"NVIDIA L4 datasheet (2023): BF16 242*, FP8 485*, TF32 120*; {_SPARSE_HALVED}"),
+    DeviceSpec("A10", (r"\ba10\b",),
+               {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12, "fp16": 125e12},
+               "NVIDIA A10 datasheet (2021): dense figures as printed beside the asterisked "
+               "sparse ones (BF16 125 | 250*, TF32 62.5 | 125*)",
+               "the AWS A10G is another part with no NVIDIA datasheet: pass --peak-tflops",
+               missing={"fp8": "Ampere has no FP8 tensor cores"}),
+    DeviceSpec("T4", (r"\bt4\b",),
+               {"fp32": 8.1e12, "fp16": 65e12},
+               "NVIDIA T4 datasheet (2019): mixed-precision FP16/FP32 tensor 65 TFLOPS, "
+               "FP32 8.1 TFLOPS (Turing has no sparsity)",
+               missing={"bf16": "Turing tensor cores have no bf16; use fp16",
+                        "tf32": "TF32 arrived with Ampere", "fp8": "no FP8 on Turing"}),
+    DeviceSpec("MI355X", (r"\bmi355x\b",),
+               {"fp32": 157.3e12, "bf16": 2516.6e12, "fp16": 2516.6e12, "fp8": 5033.2e12},
+               "AMD Instinct MI355X datasheet (2025): dense FP16/BF16 2.5 PF, FP8 5.0 PF "
+               "(structured sparsity doubles them); FP32 157.3 TF",
+               missing={"tf32": "no TF32 figure in the MI355X datasheet"}),
+    DeviceSpec("MI325X", (r"\bmi325x\b",),
+               {"fp32": 163.4e12, "tf32": 653.7e12, "bf16": 1307.4e12, "fp16": 1307.4e12,
+                "fp8": 2614.9e12},
+               "AMD Instinct MI325X datasheet (2024): dense matrix peaks as MI300X (sparsity "
+               "doubles them); fp32 is the matrix figure"),
+    DeviceSpec("MI250X", (r"\bmi250x\b",),
+               {"fp32": 95.7e12, "bf16": 383e12, "fp16": 383e12},
+               "AMD Instinct MI250X datasheet (2021): FP16/BF16 383 TF, FP32 matrix 95.7 TF "
+               "(CDNA2 has no sparsity)",
+               missing={"tf32": "CDNA2 has no TF32", "fp8": "CDNA2 has no FP8"}),
     DeviceSpec("MI300X", (r"\bmi300x\b",),
                {"fp32": 163.4e12, "tf32": 653.7e12, "bf16": 1307.4e12, "fp16": 1307.4e12,
                 "fp8": 2614.9e12},
@@ -168,6 +209,9 @@ DEVICES: tuple[DeviceSpec, ...] = (
 
 # Devices we know of but hold no defensible figure for: name pattern -> reason.
 _NO_FIRST_PARTY = (
+    (r"\bh20\b", "NVIDIA publishes no public datasheet for the H20 (a China-market Hopper "
+     "part, not the H200; the figures in circulation come from partner briefs and the press); "
+     "pass the dense figure for your part with --peak-tflops"),
     (r"\bascend ?910 ?(b|c|pro|_?9)", "Huawei publishes no first-party dense peak for the "
      "Ascend 910B/910C family (the figures in circulation are third-party and differ by "
      "sub-model 910B1..B4); confirm the figure for your part with your vendor and pass it "
@@ -249,16 +293,21 @@ def explain_miss(device_name: str, dtype: str = "bf16") -> str:
             "pass --peak-tflops P to give the dense peak per device")
 
 
+def is_host_cpu(device_name: str) -> bool:
+    """True for the names that mean "this machine's CPU" (resolved by the caller)."""
+    return device_name.strip().lower() in ("cpu", "host", "host-cpu")
+
+
 def require_peak(device_name: str, dtype: str = "bf16") -> PeakEntry:
     """:func:`lookup_peak` that raises :class:`UnknownDeviceError` with the explanation.
 
-    ``device_name`` "cpu" means this machine's CPU (:func:`host_cpu_peak`).
+    "cpu" needs this host's facts: the caller resolves it with
+    :func:`stepscope.envinfo.cpu_peak_here` (a pure calculator reads no /proc).
     """
-    if device_name.strip().lower() in ("cpu", "host", "host-cpu"):
-        entry = host_cpu_peak(normalize_dtype(dtype))
-        if entry is None:
-            raise UnknownDeviceError(explain_host_cpu_peak(normalize_dtype(dtype)))
-        return entry
+    if is_host_cpu(device_name):
+        raise UnknownDeviceError("the 'cpu' peak depends on this host (microarchitecture, "
+                                 "clock, cores): resolve it with "
+                                 "stepscope.envinfo.cpu_peak_here(), or pass --peak-tflops")
     entry = lookup_peak(device_name, dtype)
     if entry is None:
         raise UnknownDeviceError(explain_miss(device_name, dtype))

@@ -16,8 +16,24 @@ The convention is chosen by name, since the sources differ:
     (per node) figures with the 1.5 buffer factor and offload variants. The estimators give
     totals only; the split into weights/grads/optimizer shown is 2/6/12 bytes of the 18 etc.
 
-Precision (``zero`` convention): ``mixed`` as above; ``bf16`` (pure bf16, states in bf16):
-2 + 2 + 2 per Adam moment; ``fp32``: 4 + 4 + 4 per moment. Optimizers: ``adam``/``adamw``
+Precision (``zero`` convention), named so that none can be misread:
+
+* ``bf16-mixed`` (alias ``mixed``, also fp16 mixed precision): 16-bit weights and grads, fp32
+  master weights and fp32 Adam moments: 2 + 2 + (4 + 4 + 4) = 16 B/param (ZeRO's K = 12);
+* ``bf16-pure`` (alias ``bf16``): everything in bf16, no fp32 master copy (e.g. torchtitan
+  with mixed_precision_param=bf16 and no fp32 optimizer): 2 + 2 + 2 per Adam moment;
+* ``fp32``: 4 + 4 + 4 per moment.
+
+``grad_dtype`` overrides the gradient bytes (fp32 gradients, as Megatron's main grads or
+DeepSpeed's ``fp32`` communication/accumulation, with any ZeRO stage): bf16 2, fp32 4.
+
+Parallelism beyond DP/TP/PP (Megatron-LM's groups, ``theoretical_memory_usage.py`` @d98e8a6):
+``ep`` expert parallel and ``etp`` expert tensor parallel (default: = tp) shard the routed
+experts over etp x ep; their gradients and optimizer states are sharded over the
+expert-data-parallel group EDP = dp x cp x tp / (etp x ep), the other parameters' over
+DP x CP. ``cp`` context parallel splits the sequence: activations / cp.
+
+Optimizers: ``adam``/``adamw``
 (two moments), ``sgd`` (momentum: one), ``adafactor`` (factored second moment, no momentum:
 4*(rows + cols) bytes per matrix, Shazeer & Stern 2018). Offload (ZeRO-Offload/Infinity):
 ``optimizer`` moves the optimizer states to host memory; ``params`` (ZeRO-3 only) also the
@@ -42,14 +58,25 @@ from ..errors import ConfigError
 from .activations import stage_activations
 from .model import ModelSpec
 
-__all__ = ["MemoryEstimate", "MEMORY_CONVENTIONS", "estimate", "model_states",
-           "check_layout", "deepspeed_estimate", "estimate_memory"]
+__all__ = ["MemoryEstimate", "MEMORY_CONVENTIONS", "PRECISIONS", "GRAD_DTYPES", "estimate",
+           "model_states", "check_layout", "deepspeed_estimate", "estimate_memory",
+           "canonical_precision"]
 
 MEMORY_CONVENTIONS = ("zero", "megatron", "deepspeed", "deepspeed-legacy")
 _OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
-_PRECISIONS = ("mixed", "bf16", "fp32")
+PRECISIONS = ("bf16-mixed", "bf16-pure", "fp32")
+PRECISION_ALIASES = {"mixed": "bf16-mixed", "bf16": "bf16-pure", "fp16-mixed": "bf16-mixed"}
+GRAD_DTYPES = ("bf16", "fp32")
+_PRECISIONS = (*PRECISIONS, *PRECISION_ALIASES)
 # (weight bytes, grad bytes, bytes per optimizer state, fp32 master copy?) per precision.
-_PRECISION_BYTES = {"mixed": (2, 2, 4, True), "bf16": (2, 2, 2, False), "fp32": (4, 4, 4, False)}
+_PRECISION_BYTES = {"bf16-mixed": (2, 2, 4, True), "bf16-pure": (2, 2, 2, False),
+                    "fp32": (4, 4, 4, False)}
+
+
+def canonical_precision(name: str) -> str:
+    """bf16-mixed, bf16-pure or fp32 (old names mixed / bf16 accepted)."""
+    _check_choice("precision", name, _PRECISIONS)
+    return PRECISION_ALIASES.get(name, name)
 _STATES = {"adam": 2, "adamw": 2, "sgd": 1, "adafactor": 0}
 
 
@@ -68,6 +95,7 @@ class MemoryEstimate:
     convention: str = "zero"
     breakdown: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    expert_params_per_device: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict (the CLI's ``memory --json`` keys first)."""
@@ -78,18 +106,23 @@ class MemoryEstimate:
             "activations_bytes": self.activations_bytes, "total_bytes": self.total_bytes,
             "host_bytes": self.host_bytes, "params_per_device": self.params_per_device,
             "convention": self.convention, "breakdown": dict(self.breakdown),
-            "notes": list(self.notes),
+            "notes": list(self.notes), "expert_params_per_device": self.expert_params_per_device,
         }
 
 
 def check_layout(spec: ModelSpec | None, dp: int = 1, tp: int = 1, pp: int = 1,
-                 zero: int = 0) -> None:
-    """Raise ConfigError for a layout that cannot exist (TP vs heads, PP vs layers)."""
-    for key, value in (("dp", dp), ("tp", tp), ("pp", pp)):
+                 zero: int = 0, ep: int = 1, etp: int | None = None, cp: int = 1) -> None:
+    """Raise ConfigError for a layout that cannot exist (TP vs heads, PP vs layers, EP)."""
+    for key, value in (("dp", dp), ("tp", tp), ("pp", pp), ("ep", ep), ("cp", cp),
+                       ("etp", etp or 1)):
         if value < 1:
             raise ConfigError(f"--{key} must be >= 1, got {value}")
     if zero not in (0, 1, 2, 3):
         raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {zero}")
+    if (dp * cp * tp) % ((etp or tp) * ep):
+        raise ConfigError(f"expert parallel {ep} x expert tensor parallel {etp or tp} must "
+                          f"divide DP x CP x TP = {dp * cp * tp} (the experts' ranks are the "
+                          "non-pipeline ranks)")
     if spec is None:
         return
     if spec.heads is not None and spec.n_heads % tp:
@@ -101,63 +134,65 @@ def check_layout(spec: ModelSpec | None, dp: int = 1, tp: int = 1, pp: int = 1,
     if pp > spec.layers:
         raise ConfigError(f"pipeline parallel size {pp} exceeds the {spec.layers} layers; "
                           "each stage needs at least one layer")
+    if ep > 1 and (not spec.moe_experts or spec.moe_experts % ep):
+        raise ConfigError(f"expert parallel size {ep} must divide the {spec.moe_experts} routed "
+                          "experts (a dense model has none: use --ep 1)")
+    if spec.seq_len % cp:
+        raise ConfigError(f"context parallel size {cp} must divide the sequence length "
+                          f"{spec.seq_len}")
 
 
-def _params_per_device(spec: ModelSpec, tp: int, pp: int) -> tuple[float, str]:
-    """Parameters on the most loaded device before ZeRO: Megatron's most-loaded shard.
+def _params_per_device(spec: ModelSpec, tp: int, pp: int, ep: int = 1,
+                       etp: int | None = None) -> tuple[float, float, str]:
+    """(non-expert, routed-expert) parameters on the most loaded device before ZeRO.
 
-    (transformer layers incl. final norm / pp + token embedding [+ untied head if pp == 1]
-    + position table) / tp -- Megatron-LM theoretical_memory_usage.py; the first stage
-    holds the embedding, the last a head (a copy when tied), both the same size.
+    Megatron's most-loaded shard: (transformer layers incl. final norm / pp + token
+    embedding [+ untied head if pp == 1] + position table [+ MTP on the last stage]) / tp;
+    routed experts (layers / pp) / (etp x ep). Megatron-LM theoretical_memory_usage.py (the
+    2023-11 form divides the norms by tp too, as here; since 2025 they stay replicated: a
+    difference of the norms only).
     """
     if spec.params is not None or not spec.has_shape:
-        return spec.num_params() / (tp * pp), "params split evenly over TP x PP (no shape)"
-    emb = spec.input_embedding_params()
+        return spec.num_params() / (tp * pp), 0.0, "params split evenly over TP x PP (no shape)"
+    emb = spec.input_embedding_params(tp)
     extra = emb if (not spec.tied_embeddings and pp == 1) else 0
-    stage = spec.layer_params() / pp + emb + extra + spec.position_embedding_params()
-    return stage / tp, "most loaded stage: layers/pp + embedding, / tp (Megatron-LM)"
+    mtp = sum(m.numel for m in spec.matrices(tp) if m.name.startswith("mtp_"))
+    mtp_expert = sum(m.numel for m in spec.matrices(tp) if m.name.startswith("mtp_") and m.expert)
+    expert = spec.expert_params() - mtp_expert
+    dense_layers = spec.layer_params(tp) - mtp - expert
+    stage = (dense_layers / pp + (mtp - mtp_expert) + emb + extra
+             + spec.position_embedding_params())
+    experts_here = (expert / pp + mtp_expert) / ((etp or tp) * ep)
+    where = "most loaded stage: layers/pp + embedding, / tp (Megatron-LM)"
+    if spec.moe_experts:
+        where += f"; routed experts / (etp {etp or tp} x ep {ep})"
+    return stage / tp, experts_here, where
 
 
 def model_states(params: float, dp: int = 1, zero: int = 0, optimizer: str = "adam",
                  precision: str = "mixed", convention: str = "zero",
                  offload: str | None = None,
-                 adafactor_state_params: float | None = None) -> tuple[float, float, float,
-                                                                       float, list[str]]:
+                 adafactor_state_params: float | None = None,
+                 grad_dtype: str | None = None) -> tuple[float, float, float, float, list[str]]:
     """(weights, grads, optimizer, host) bytes per device for ``params`` on it, and notes.
 
     Example: model_states(7.5e9, dp=64, zero=1) -> 31.406e9 bytes in all (ZeRO Fig. 1).
     """
     _check_choice("optimizer", optimizer, _OPTIMIZERS)
-    _check_choice("precision", precision, _PRECISIONS)
+    precision = canonical_precision(precision)
     _check_choice("convention", convention, MEMORY_CONVENTIONS)
+    if grad_dtype is not None:
+        _check_choice("grad dtype", grad_dtype, GRAD_DTYPES)
     if offload not in (None, "none", "optimizer", "params"):
         raise ConfigError(f"--offload must be optimizer or params, got {offload!r}")
     if offload == "params" and zero != 3:
         raise ConfigError("--offload params needs --zero 3 (only ZeRO-3 partitions parameters)")
     notes: list[str] = []
     if convention == "megatron":
-        if precision != "mixed" or optimizer not in ("adam", "adamw"):
-            raise ConfigError("the megatron convention is mixed-precision Adam (18 B/param); "
-                              "use --convention zero for other precisions or optimizers")
-        if zero > 1:
-            raise ConfigError("the megatron convention has ZeRO-1 only (its distributed "
-                              "optimizer); use --convention zero for stages 2 and 3")
-        w, g = 2.0 * params, 4.0 * params  # bf16 params, fp32 main grads
-        opt = 12.0 * params / (dp if zero == 1 else 1)
-        notes.append("Megatron-LM: 18 B/param" if zero == 0 else "Megatron-LM distributed "
-                     "optimizer: 6 + 12/DP B/param")
+        w, g, opt = _megatron_states(params, dp, zero, optimizer, precision, grad_dtype, notes)
     else:
-        w_b, g_b, s_b, master = _PRECISION_BYTES[precision]
-        per_state = s_b * _STATES[optimizer]
-        w, g = w_b * params, g_b * params
-        opt = (per_state + (4 if master else 0)) * params
-        if optimizer == "adafactor":
-            opt += 4.0 * (adafactor_state_params if adafactor_state_params is not None else 0.0)
-            if adafactor_state_params is None:
-                notes.append("adafactor factored statistics not counted (no shape given)")
-        opt /= dp if zero >= 1 else 1
-        g /= dp if zero >= 2 else 1
-        w /= dp if zero >= 3 else 1
+        w, g, opt = _zero_states(params, dp, zero, optimizer, precision, grad_dtype,
+                                 adafactor_state_params, notes)
     host = 0.0
     if offload in ("optimizer", "params"):
         host, opt = opt, 0.0
@@ -168,25 +203,63 @@ def model_states(params: float, dp: int = 1, zero: int = 0, optimizer: str = "ad
     return w, g, opt, host, notes
 
 
+def _megatron_states(params: float, dp: int, zero: int, optimizer: str, precision: str,
+                     grad_dtype: str | None, notes: list[str]) -> tuple[float, float, float]:
+    if precision != "bf16-mixed" or optimizer not in ("adam", "adamw") or grad_dtype == "bf16":
+        raise ConfigError("the megatron convention is mixed-precision Adam (18 B/param); "
+                          "use --convention zero for other precisions or optimizers")
+    if zero > 1:
+        raise ConfigError("the megatron convention has ZeRO-1 only (its distributed "
+                          "optimizer); use --convention zero for stages 2 and 3")
+    notes.append("Megatron-LM: 18 B/param" if zero == 0 else "Megatron-LM distributed "
+                 "optimizer: 6 + 12/DP B/param")
+    # bf16 params, fp32 main grads, fp32 master + Adam sharded by the distributed optimizer
+    return 2.0 * params, 4.0 * params, 12.0 * params / (dp if zero == 1 else 1)
+
+
+def _zero_states(params: float, dp: int, zero: int, optimizer: str, precision: str,
+                 grad_dtype: str | None, adafactor_state_params: float | None,
+                 notes: list[str]) -> tuple[float, float, float]:
+    w_b, g_b, s_b, master = _PRECISION_BYTES[precision]
+    per_state = s_b * _STATES[optimizer]
+    if grad_dtype is not None:
+        g_b = 4 if grad_dtype == "fp32" else 2
+    w, g = w_b * params, g_b * params
+    opt = (per_state + (4 if master else 0)) * params
+    if optimizer == "adafactor":
+        opt += 4.0 * (adafactor_state_params if adafactor_state_params is not None else 0.0)
+        if adafactor_state_params is None:
+            notes.append("adafactor factored statistics not counted (no shape given)")
+    notes.append(f"precision {precision}: {w_b} B weights + {g_b} B grads"
+                 + (" + 4 B fp32 master" if master else "")
+                 + f" + {per_state} B {optimizer} state per parameter")
+    return (w / (dp if zero >= 3 else 1), g / (dp if zero >= 2 else 1),
+            opt / (dp if zero >= 1 else 1))
+
+
 def estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1, tp: int = 1,
              pp: int = 1, zero: int = 0, optimizer: str = "adam", precision: str = "mixed",
              micro_batch: int = 1, recompute: str = "none", sequence_parallel: bool = False,
              offload: str | None = None, convention: str = "zero",
              num_microbatches: int | None = None, virtual_stages: int | None = None,
              flash_attention: bool = False, gpus_per_node: int | None = None,
-             largest_layer_params: float | None = None, zero_init: bool = True
+             largest_layer_params: float | None = None, zero_init: bool = True,
+             ep: int = 1, etp: int | None = None, cp: int = 1, grad_dtype: str | None = None
              ) -> MemoryEstimate:
     """Memory per device for a layout; ``spec`` None (``params`` only) gives model states.
 
+    ``dp`` is the data-parallel size (world = dp x cp x tp x pp); the optimizer shards over
+    DP x CP, the routed experts' over EDP = dp x cp x tp / (etp x ep).
+
     Example: ``estimate(None, params=7e9, dp=8, zero=3).total_bytes`` = 14.0e9 (16 Psi / 8).
     """
-    check_layout(spec, dp, tp, pp, zero)
+    check_layout(spec, dp, tp, pp, zero, ep, etp, cp)
     if spec is None and params is None:
         raise ConfigError("give a model: --params N or the shape flags")
     if convention.startswith("deepspeed"):
-        if tp * pp > 1:
-            raise ConfigError("DeepSpeed's estimators model pure data parallel (TP = PP = 1); "
-                              "use --convention zero with --tp/--pp")
+        if tp * pp * ep * cp > 1:
+            raise ConfigError("DeepSpeed's estimators model pure data parallel (TP = PP = EP = "
+                              "CP = 1); use --convention zero with --tp/--pp/--ep/--cp")
         return deepspeed_estimate(spec, params=params, dp=dp, zero=zero, offload=offload,
                                   legacy=convention == "deepspeed-legacy",
                                   gpus_per_node=gpus_per_node,
@@ -195,30 +268,47 @@ def estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1
                                   recompute=recompute, flash_attention=flash_attention)
     if spec is None:
         assert params is not None
-        per_dev, where = params / (tp * pp), "params split evenly over TP x PP (no shape)"
+        dense, expert, where = params / (tp * pp), 0.0, "params split evenly over TP x PP"
     else:
-        per_dev, where = _params_per_device(spec, tp, pp)
-    w, g, o, host, notes = model_states(
-        per_dev, dp, zero, optimizer, precision, convention, offload,
-        _adafactor_stats(spec, tp * pp) if optimizer == "adafactor" and spec else None)
+        dense, expert, where = _params_per_device(spec, tp, pp, ep, etp)
+    edp = dp * cp * tp // ((etp or tp) * ep)
+    adafactor = (_adafactor_stats(spec, tp * pp) if optimizer == "adafactor" and spec
+                 else None)
+    w, g, o, host, notes = model_states(dense, dp * cp, zero, optimizer, precision, convention,
+                                        offload, adafactor, grad_dtype)
+    if expert:
+        ew, eg, eo, ehost, _ = model_states(expert, edp, zero, optimizer, precision,
+                                            convention, offload, 0.0, grad_dtype)
+        w, g, o, host = w + ew, g + eg, o + eo, host + ehost
+        notes.append(f"routed experts: {expert:,.0f} params here, states sharded over the "
+                     f"expert-data-parallel group of {edp}")
     notes.insert(0, where)
     if zero == 3:
         notes.append("ZeRO-3 also gathers one layer's full parameters at a time (not counted "
                      "here; DeepSpeed's estimator adds 4 x the largest layer)")
-    breakdown: dict[str, float] = {}
-    act = 0.0
-    if spec is not None:
-        a = stage_activations(spec, micro_batch, tp, pp, sequence_parallel, recompute,
-                              num_microbatches, virtual_stages, flash_attention)
-        act = a.total_bytes
-        breakdown = {"activation_per_layer_bytes": a.layer_bytes,
-                     "layers_on_stage": a.layers_on_stage, "in_flight_microbatches": a.in_flight,
-                     "embedding_activation_bytes": a.embedding_bytes,
-                     "output_activation_bytes": a.output_bytes}
-        notes.append(f"activations: {a.stage} pipeline stage, Korthikanti et al. 2022")
-    else:
+    act, breakdown = _activations(spec, micro_batch, tp, pp, cp, sequence_parallel, recompute,
+                                  num_microbatches, virtual_stages, flash_attention, notes)
+    return _result(w, g, o, act, host, dense + expert, convention, breakdown, notes, expert)
+
+
+def _activations(spec: ModelSpec | None, micro_batch: int, tp: int, pp: int, cp: int,
+                 sequence_parallel: bool, recompute: str, num_microbatches: int | None,
+                 virtual_stages: int | None, flash: bool,
+                 notes: list[str]) -> tuple[float, dict[str, float]]:
+    if spec is None:
         notes.append("activations not estimated: give --layers --hidden --seq-len (and --vocab)")
-    return _result(w, g, o, act, host, per_dev, convention, breakdown, notes)
+        return 0.0, {}
+    a = stage_activations(spec, micro_batch, tp, pp, sequence_parallel, recompute,
+                          num_microbatches, virtual_stages, flash)
+    breakdown = {"activation_per_layer_bytes": a.layer_bytes / cp,
+                 "layers_on_stage": a.layers_on_stage, "in_flight_microbatches": a.in_flight,
+                 "embedding_activation_bytes": a.embedding_bytes / cp,
+                 "output_activation_bytes": a.output_bytes / cp}
+    notes.append(f"activations: {a.stage} pipeline stage, Korthikanti et al. 2022; attention "
+                 + ("scores not stored (flash/SDPA kernels: softmax statistics only)" if flash
+                    else "scores stored (5*a*s^2*b per layer: eager attention)")
+                 + (f"; sequence split over context parallel {cp}" if cp > 1 else ""))
+    return a.total_bytes / cp, breakdown
 
 
 def estimate_memory(num_params: float, dp: int = 1, zero_stage: int = 0,
@@ -232,12 +322,14 @@ def estimate_memory(num_params: float, dp: int = 1, zero_stage: int = 0,
 
 
 def _result(w: float, g: float, o: float, act: float, host: float, per_dev: float,
-            convention: str, breakdown: dict[str, float], notes: list[str]) -> MemoryEstimate:
+            convention: str, breakdown: dict[str, float], notes: list[str],
+            expert: float = 0.0) -> MemoryEstimate:
     states = w + g + o
     return MemoryEstimate(weights_bytes=w, grads_bytes=g, optimizer_bytes=o,
                           model_states_bytes=states, activations_bytes=act,
                           total_bytes=states + act, host_bytes=host, params_per_device=per_dev,
-                          convention=convention, breakdown=breakdown, notes=tuple(notes))
+                          convention=convention, breakdown=breakdown, notes=tuple(notes),
+                          expert_params_per_device=expert)
 
 
 def deepspeed_estimate(spec: ModelSpec | None, *, params: float | None = None, dp: int = 1,

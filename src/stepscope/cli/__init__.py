@@ -26,7 +26,7 @@ def cli() -> None:
 
 def _register() -> None:
     # Imported for their side effect of adding commands to `cli`.
-    from . import calc, compare, demo, diagnose, report, run, trace  # noqa: F401
+    from . import calc, compare, demo, diagnose, export, report, run, serve, trace  # noqa: F401
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -46,7 +46,7 @@ import numpy as np
 from mindspore.train import Callback
 
 from ...analysis.findings import Finding
-from ...envinfo import code_version, cpu_model_name, host_environment
+from ...envinfo import code_version, cpu_model_name, cpu_peak_here, host_environment
 from ...recorder import Recorder, Step
 from ..common.losscheck import find_loss
 from ..common.session import StepSession
@@ -113,8 +113,7 @@ def peak_flops(dtype: str = "fp32") -> tuple[float | None, str]:
     from ...calc import hardware
 
     if info["device_kind"] == "cpu":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        entry = hardware.host_cpu_peak(dtype, cores=cores)
+        entry = cpu_peak_here(dtype)[0]  # MindSpore's CPU kernels use every allowed core
     else:
         entry = hardware.lookup_peak(info["device_name"], dtype)
     if entry is None:

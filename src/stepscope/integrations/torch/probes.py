@@ -27,7 +27,13 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ...envinfo import code_version, cpu_model_name, host_environment, process_memory_bytes
+from ...envinfo import (
+    code_version,
+    cpu_model_name,
+    cpu_peak_here,
+    host_environment,
+    process_memory_bytes,
+)
 
 __all__ = [
     "grad_norm",
@@ -186,10 +192,9 @@ def peak_flops_for_device(device: Any = None, dtype: str = "fp32"
 
     info = device_info(device)
     if info["device_kind"] == "cpu":
-        entry = hardware.host_cpu_peak(dtype, cores=info.get("cpu_threads"))
+        entry, why = cpu_peak_here(dtype, threads=info.get("cpu_threads"))
         if entry is None:
-            return None, (f"no defensible peak for CPU {info['device_name']!r}; "
-                          "pass --peak-tflops to get MFU")
+            return None, f"{why} (CPU {info['device_name']!r}) to get MFU"
     else:
         entry = hardware.lookup_peak(info["device_name"], dtype)
         if entry is None:

@@ -1,0 +1,181 @@
+"""Dashboard speed: first paint of the runs table and of a long run's page, and the server's
+memory, against TensorBoard loading the same scalars, measured in the same run.
+
+The root holds ``--runs`` small runs and one long run of ``--steps`` x ``--ranks`` records
+(issue 15: 1,000 runs and 1,000,000 x 8). Step files are written directly as JSON lines
+in the recorder's format (fast to make; the reader does not care who wrote them).
+
+Measured, each with a fresh server process (cold: no index, no cache), in headless Debian
+Chromium driven by Playwright:
+1. runs table first paint: from navigation to the table's rows in the DOM;
+2. run page first paint: from navigation to every chart drawn (decimated series);
+3. the server's peak RSS after both (it must not grow with the steps shown);
+4. the anchor: the same per-step scalars (loss, lr, step time, tokens/s per step) written
+   with TensorBoard's own writer (``tensorboard.summary.Writer``) and read back with its
+   own loader (``EventAccumulator.Reload``), the time until the first scalar series is
+   available to draw; the ratio anchor / stepscope's run-page first paint.
+
+Run: ``.venv/bin/python benchmarks/serve_speed.py [--runs 1000 --steps 1000000 --ranks 8]``
+(``--small`` for a quick check). Needs the ``export`` and ``dev`` extras and chromium.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def _meta(name: str, ranks: int) -> dict[str, Any]:
+    return {"run_id": name, "name": name, "created_utc": "2026-12-01T00:00:00Z",
+            "status": "finished", "baseline": {"num_devices": ranks, "seq_len": 2048,
+                                               "global_batch": 8 * ranks},
+            "environment": {"framework": "torch"}, "config": {}, "schema_version": 1}
+
+
+def write_run(path: Path, steps: int, ranks: int, seed: int) -> None:
+    """One run: step time ~0.5 s with noise and a slow rank, loss decaying."""
+    (path / "steps").mkdir(parents=True)
+    (path / "run.json").write_text(json.dumps(_meta(path.name, ranks)))
+    rng = np.random.default_rng(seed)
+    chunk = 100_000
+    for r in range(ranks):
+        with open(path / "steps" / f"rank-{r:05d}.jsonl", "w") as fh:
+            for lo in range(0, steps, chunk):
+                s = np.arange(lo, min(lo + chunk, steps))
+                t = 0.5 + 0.02 * rng.standard_normal(len(s)) + (0.05 if r == ranks - 1 else 0)
+                loss = 8.0 * np.exp(-s / (steps / 3 + 1)) + 2.0
+                end = np.cumsum(t) + lo * 0.5
+                fh.writelines(
+                    f'{{"rank":{r},"step":{int(a)},"end_s":{e:.6f},"wall_time_s":{1.7e9 + e:.3f},'
+                    f'"step_time_s":{b:.6f},"data_wait_s":0.001,"forward_s":{0.3 * b:.6f},'
+                    f'"backward_s":{0.6 * b:.6f},"tokens":4096.0,"samples":2.0,'
+                    f'"loss":{c:.6f},"lr":0.0003}}\n'
+                    for a, b, c, e in zip(s.tolist(), t.tolist(), loss.tolist(), end.tolist(),
+                                          strict=True))
+
+
+def make_root(root: Path, runs: int, steps: int, ranks: int) -> Path:
+    for i in range(runs):
+        write_run(root / f"exp-{i:04d}", 50, 1, i)
+    big = root / "long-run"
+    write_run(big, steps, ranks, 12345)
+    return big
+
+
+def tensorboard_anchor(big: Path, tmp: Path) -> float:
+    """Write the long run's rank-0 scalars with TensorBoard's writer; time its loader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary import Writer
+
+    logdir = tmp / "tb"
+    writer = Writer(str(logdir))
+    with open(big / "steps" / "rank-00000.jsonl") as fh:
+        for line in fh:
+            r = json.loads(line)
+            s = r["step"]
+            writer.add_scalar("loss", r["loss"], s)
+            writer.add_scalar("lr", r["lr"], s)
+            writer.add_scalar("step_time_s", r["step_time_s"], s)
+            writer.add_scalar("tokens_per_s", r["tokens"] / r["step_time_s"], s)
+    writer.close()
+    t0 = time.perf_counter()
+    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()["tensors"] or acc.Tags()["scalars"]
+    assert tags, "TensorBoard loaded no scalars"
+    return time.perf_counter() - t0
+
+
+def _serve(root: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "stepscope", "serve", str(root), "--port",
+                             "0"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    m = re.search(r"(http://\S+)", line)
+    if not m:
+        proc.kill()
+        raise SystemExit(f"serve did not start: {line!r}")
+    return proc, m.group(1)
+
+
+def _rss_peak_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def first_paints(root: Path) -> tuple[float, float, float]:
+    from playwright.sync_api import sync_playwright
+
+    proc, url = _serve(root)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            t0 = time.perf_counter()
+            page.goto(url)
+            page.wait_for_selector("#runs tr td", timeout=600_000)
+            table_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            page.goto(url + "#/run/long-run")
+            while not page.evaluate("document.querySelectorAll('.uplot').length >= 6 && "
+                                    "charts.every(c => c.data[0].length > 0)"):
+                page.wait_for_timeout(20)
+            run_s = time.perf_counter() - t0
+            browser.close()
+        return table_s, run_s, _rss_peak_mib(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--small", action="store_true", help="100 runs, 20,000 x 8 records")
+    ap.add_argument("--keep", type=Path, default=None, help="build the root here and keep it")
+    args = ap.parse_args()
+    if args.small:
+        args.runs, args.steps, args.ranks = 100, 20_000, 8
+    tmp = Path(tempfile.mkdtemp(prefix="serve-speed-"))
+    root = args.keep or tmp / "root"
+    try:
+        t0 = time.perf_counter()
+        big = make_root(root, args.runs, args.steps, args.ranks)
+        print(f"root: {args.runs} runs + one of {args.steps:,} steps x {args.ranks} ranks "
+              f"({time.perf_counter() - t0:.1f} s to write)")
+        table_s, run_s, rss = first_paints(root)
+        anchor = tensorboard_anchor(big, tmp)
+        print(f"{'measure':<42}{'seconds':>10}")
+        print(f"{'runs table first paint (cold)':<42}{table_s:>10.2f}")
+        print(f"{'run page first paint (cold, all charts)':<42}{run_s:>10.2f}")
+        print(f"{'server peak RSS (MiB)':<42}{rss:>10.0f}")
+        print(f"{'TensorBoard: load the same scalars (rank 0)':<42}{anchor:>10.2f}")
+        print(f"ratio TensorBoard load / stepscope run page: {anchor / run_s:.1f}x "
+              "(target >= 5x); first-paint target: under 2 s each")
+    finally:
+        if args.keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Per-step series of a run, as trackers and the dashboard draw them (pure, numpy only).
+
+One definition feeds every chart and export: the job's step time at a step is the slowest
+rank's (the others wait for it at the next collective), the job's tokens/s is all ranks'
+tokens over that step time, result-layer values (loss, lr, grad norm, loss scale) come from
+the lowest rank, as a script that logs on rank 0 shows them.
+
+Example::
+
+    series = step_series(table)                # {"result/loss": (steps, values), ...}
+    grid = rank_heatmap(table, "step_time_s", max_cols=600)
+    steps, lo, hi = envelope(*series["efficiency/step_time_s"], max_points=2000)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..schema import AnyArray, StepTable
+
+__all__ = ["SERIES", "MAX_RANK_SERIES", "step_series", "by_step", "envelope", "RankHeatmap",
+           "rank_heatmap", "phase_stack", "PHASES"]
+
+# Per-rank series are drawn for up to this many ranks; past it the heatmap is the view (a
+# tracker would drown in thousands of series).
+MAX_RANK_SERIES = 64
+_GIB = float(1 << 30)
+
+# (tag, column, how over ranks, scale)
+SERIES: tuple[tuple[str, str, str, float], ...] = (
+    ("result/loss", "loss", "first", 1.0),
+    ("result/accuracy", "accuracy", "first", 1.0),
+    ("train/lr", "lr", "first", 1.0),
+    ("train/grad_norm", "grad_norm", "first", 1.0),
+    ("train/loss_scale", "loss_scale", "first", 1.0),
+    ("efficiency/step_time_s", "step_time_s", "max", 1.0),
+    ("system/mem_peak_gib", "mem_peak_bytes", "max", 1.0 / _GIB),
+    ("system/data_wait_s", "data_wait_s", "max", 1.0),
+    ("system/comm_s", "comm_s", "max", 1.0),
+)
+# Phases of the stacked per-step breakdown; "other" is the step time none of them explains.
+PHASES: tuple[str, ...] = ("data_wait_s", "forward_s", "backward_s", "optimizer_s",
+                           "comm_exposed_s")
+
+
+def by_step(table: StepTable, col: str, how: str) -> tuple[AnyArray, AnyArray]:
+    """(steps, value per step) of ``col`` over ranks: ``max``, ``sum``, ``mean`` or
+    ``first`` (the lowest rank). Non-finite values are left out."""
+    steps = table["step"]
+    vals = table[col].astype(np.float64)
+    keep = np.isfinite(vals)
+    if how == "first" and len(table):
+        keep &= table["rank"] == table["rank"].min()
+    steps, vals = steps[keep], vals[keep]
+    if not len(steps):
+        return steps, vals
+    uniq, inv = np.unique(steps, return_inverse=True)
+    out: AnyArray
+    if how in ("first", "mean"):
+        out = np.bincount(inv, weights=vals) / np.bincount(inv)
+    elif how == "sum":
+        out = np.bincount(inv, weights=vals)
+    else:
+        out = np.full(len(uniq), -np.inf)
+        np.maximum.at(out, inv, vals)
+    return uniq, out
+
+
+def step_series(table: StepTable) -> dict[str, tuple[AnyArray, AnyArray]]:
+    """``tag -> (steps, values)`` for every series with data (see the module docstring)."""
+    out: dict[str, tuple[AnyArray, AnyArray]] = {}
+    for tag, col, how, scale in SERIES:
+        if table.has_data(col):
+            steps, vals = by_step(table, col, how)
+            if len(steps):
+                out[tag] = (steps, vals * scale)
+    if "result/loss" in out:
+        steps, loss = out["result/loss"]
+        ok = loss < 700  # exp() overflows float64 past ~709: no perplexity for such losses
+        out["result/perplexity"] = (steps[ok], np.exp(loss[ok]))
+    if table.has_data("tokens") and "efficiency/step_time_s" in out:
+        t_steps, t = out["efficiency/step_time_s"]
+        k_steps, tokens = by_step(table, "tokens", "sum")
+        common, ia, ib = np.intersect1d(t_steps, k_steps, return_indices=True)
+        ok = t[ia] > 0
+        out["efficiency/tokens_per_s"] = (common[ok], tokens[ib][ok] / t[ia][ok])
+    ranks = table.ranks()
+    if 1 < len(ranks) <= MAX_RANK_SERIES:
+        for r in ranks:
+            part = table.rank(r)
+            ok = np.isfinite(part["step_time_s"])
+            out[f"ranks/{r:05d}/step_time_s"] = (part["step"][ok],
+                                                 part["step_time_s"][ok].astype(np.float64))
+    return out
+
+
+def envelope(steps: AnyArray, values: AnyArray, max_points: int
+             ) -> tuple[AnyArray, AnyArray, AnyArray]:
+    """Down-sample to at most ``max_points`` bins keeping each bin's min and max, so a
+    one-step spike survives (reservoir sampling would drop it). Returns (first step of each
+    bin, min, max); with few points, min = max = the values themselves."""
+    n = len(steps)
+    if n <= max_points:
+        return steps, values, values
+    edges = np.linspace(0, n, max_points + 1).astype(np.int64)
+    starts = edges[:-1]
+    lo = np.minimum.reduceat(values, starts)
+    hi = np.maximum.reduceat(values, starts)
+    return steps[starts], lo, hi
+
+
+@dataclass
+class RankHeatmap:
+    """rank x step-bin grid of ``column`` (the bin's max, NaN where a rank has no step)."""
+
+    column: str
+    ranks: list[int]
+    bin_start_steps: list[int]
+    values: AnyArray  # shape (len(ranks), len(bin_start_steps))
+    median: float  # over all cells, the colour scale's centre
+
+
+def rank_heatmap(table: StepTable, column: str = "step_time_s", max_cols: int = 600
+                 ) -> RankHeatmap:
+    """The fleet view: one row per rank, steps binned to at most ``max_cols`` columns by the
+    bin's maximum (a slow step stays visible), readable at 1,024 ranks."""
+    ranks = table.ranks()
+    if not len(table) or not table.has_data(column):
+        return RankHeatmap(column, ranks, [], np.zeros((len(ranks), 0)), float("nan"))
+    steps = table["step"]
+    lo, hi = int(steps.min()), int(steps.max())
+    width = max(1, -(-(hi - lo + 1) // max_cols))  # steps per column, rounded up
+    cols = (hi - lo) // width + 1
+    grid = np.full((len(ranks), cols), -np.inf)
+    rows = np.searchsorted(np.asarray(ranks), table["rank"])  # ranks() is sorted
+    vals = table[column].astype(np.float64)
+    ok = np.isfinite(vals)
+    np.maximum.at(grid, (rows[ok], ((steps[ok] - lo) // width).astype(np.int64)), vals[ok])
+    grid[np.isneginf(grid)] = np.nan
+    med = float(np.nanmedian(grid)) if np.isfinite(grid).any() else float("nan")
+    return RankHeatmap(column, ranks, [lo + i * width for i in range(cols)], grid, med)
+
+
+def phase_stack(table: StepTable) -> tuple[AnyArray, dict[str, AnyArray]]:
+    """Per step, the mean over ranks of each phase (seconds) and ``other`` (step time no
+    phase explains, never negative), for the stacked breakdown chart."""
+    steps, total = by_step(table, "step_time_s", "mean")
+    out: dict[str, AnyArray] = {}
+    explained = np.zeros(len(steps))
+    for col in PHASES:
+        if not table.has_data(col):
+            continue
+        s, v = by_step(table, col, "mean")
+        full = np.zeros(len(steps))
+        idx = np.searchsorted(steps, s)
+        full[idx] = v
+        out[col] = full
+        explained += full
+    out["other_s"] = np.maximum(total - explained, 0.0)
+    return steps, out

@@ -1,0 +1,490 @@
+/* stepscope dashboard: runs table, run page, A/B page. Plain JS + uPlot (vendored). */
+"use strict";
+
+const $ = (sel, el = document) => el.querySelector(sel);
+const app = () => $("#app");
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
+  (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+/* Offline report: the documents are embedded (window.STEPSCOPE_DATA) and there is no server. */
+const OFFLINE = window.STEPSCOPE_DATA || null;
+const TOKEN = new URLSearchParams(location.search).get("token");
+const api = async (path, params = {}) => {
+  if (OFFLINE) {
+    if (path === "run" || path === "series") return OFFLINE[path];
+    if (path === "findings") return { findings: OFFLINE.run.findings };
+    throw new Error("this report is a single run; `stepscope serve` shows the others");
+  }
+  const q = new URLSearchParams();
+  if (TOKEN) q.append("token", TOKEN);
+  for (const [k, v] of Object.entries(params)) {
+    (Array.isArray(v) ? v : [v]).forEach((x) => x !== undefined && x !== "" && q.append(k, x));
+  }
+  const r = await fetch(`/api/${path}?${q}`);
+  const doc = await r.json();
+  if (!r.ok) throw new Error(doc.error || r.statusText);
+  return doc;
+};
+
+/* ---- number formats for people: 12,730 tokens/s, 41.2%, 3.1 GiB ---- */
+function num(v, digits = 3) {
+  if (v === null || v === undefined || !isFinite(v)) return "–";
+  const a = Math.abs(v);
+  if (a >= 1000) return Math.round(v).toLocaleString("en-US");
+  if (a >= 100) return v.toFixed(1);
+  if (a === 0) return "0";
+  return Number(v.toPrecision(digits)).toString();
+}
+const pct = (v) => (v === null || v === undefined || !isFinite(v) ? "–" : (100 * v).toFixed(1) + "%");
+const gib = (b) => (b === null || b === undefined || !isFinite(b) ? "–" : (b / 2 ** 30).toFixed(2) + " GiB");
+const secs = (s) => (s === null || s === undefined || !isFinite(s) ? "–" :
+  s >= 1 ? s.toFixed(3) + " s" : (1000 * s).toFixed(2) + " ms");
+
+let timers = [];
+let charts = [];
+function clearPage() {
+  timers.forEach(clearInterval); timers = [];
+  charts.forEach((c) => c.destroy()); charts = [];
+  $("#live").hidden = true;
+}
+
+/* ================================ runs table ================================ */
+const RUN_COLS = [
+  ["status", "status", (r) => `<span class="badge ${esc(r.status)}">${esc(r.status)}</span>`],
+  ["path", "run", (r) => `<a href="#/run/${encodeURIComponent(r.path)}">${esc(r.name || r.path)}</a>` +
+    (r.valid ? "" : ' <span class="muted">not a valid training run (no step records)</span>') +
+    `<div class="muted">${esc(r.path)}</div>`],
+  ["model_name", "model", (r) => esc(r.model_name)],
+  ["num_devices", "devices", (r) => num(r.num_devices), true],
+  ["steps", "steps", (r) => num(r.steps), true],
+  ["tokens_per_s", "tokens/s", (r) => num(r.tokens_per_s), true],
+  ["mfu", "MFU", (r) => pct(r.mfu), true],
+  ["step_time_s", "step time", (r) => secs(r.step_time_s), true],
+  ["loss_last", "loss (last)", (r) => num(r.loss_last, 4), true],
+  ["data_wait_frac", "data wait", (r) => pct(r.data_wait_frac), true],
+  ["comm_frac", "comm", (r) => pct(r.comm_frac), true],
+  ["mem_peak_bytes", "memory peak", (r) => gib(r.mem_peak_bytes), true],
+  ["created_utc", "created", (r) => esc((r.created_utc || "").replace("T", " ").slice(0, 19))],
+];
+const listState = { q: "", where: "", sort: "-created_utc", selected: new Set() };
+
+async function showRuns() {
+  $("#where-am-i").textContent = "runs";
+  app().innerHTML = `
+    <div class="controls">
+      <input id="q" type="text" placeholder="search name, path, model" value="${esc(listState.q)}">
+      <input id="where" type="text" placeholder="filter, e.g. num_devices>=8; status=finished"
+             value="${esc(listState.where)}">
+      <button id="cmp" disabled>Compare 2 selected</button>
+      <span id="count" class="muted"></span>
+    </div>
+    <div id="runs-err" class="err"></div>
+    <div style="overflow-x:auto"><table id="runs"></table></div>
+    <div id="skipped"></div>`;
+  let t;
+  const later = () => { clearTimeout(t); t = setTimeout(loadRuns, 250); };
+  $("#q").addEventListener("input", (e) => { listState.q = e.target.value; later(); });
+  $("#where").addEventListener("input", (e) => { listState.where = e.target.value; later(); });
+  $("#cmp").addEventListener("click", () => {
+    const [a, b] = [...listState.selected];
+    location.hash = `#/compare/${encodeURIComponent(a)}/${encodeURIComponent(b)}`;
+  });
+  await loadRuns();
+  timers.push(setInterval(loadRuns, 2000));
+}
+
+async function loadRuns() {
+  let doc;
+  try {
+    doc = await api("runs", { q: listState.q, sort: listState.sort,
+      where: listState.where.split(";").map((s) => s.trim()).filter(Boolean) });
+    $("#runs-err").textContent = "";
+  } catch (e) { $("#runs-err").textContent = e.message; return; }
+  const head = "<tr><th></th>" + RUN_COLS.map(([k, label, , n]) => {
+    const arrow = listState.sort === k ? " ▲" : listState.sort === "-" + k ? " ▼" : "";
+    return `<th data-k="${k}" class="${n ? "num" : ""}">${label}${arrow}</th>`; }).join("") + "</tr>";
+  const rows = doc.runs.map((r) => `<tr class="${r.valid ? "" : "invalid"}">
+      <td><input type="checkbox" data-p="${esc(r.path)}" ${listState.selected.has(r.path) ? "checked" : ""}></td>` +
+    RUN_COLS.map(([, , f, n]) => `<td class="${n ? "num" : ""}">${f(r)}</td>`).join("") + "</tr>");
+  $("#runs").innerHTML = head + rows.join("");
+  $("#count").textContent = `${doc.runs.length} run(s) under ${doc.root}`;
+  $("#runs").querySelectorAll("th[data-k]").forEach((th) => th.addEventListener("click", () => {
+    const k = th.dataset.k;
+    listState.sort = listState.sort === "-" + k ? k : "-" + k;
+    loadRuns();
+  }));
+  $("#runs").querySelectorAll("input[type=checkbox]").forEach((cb) => cb.addEventListener("change", () => {
+    cb.checked ? listState.selected.add(cb.dataset.p) : listState.selected.delete(cb.dataset.p);
+    $("#cmp").disabled = listState.selected.size !== 2;
+  }));
+  $("#cmp").disabled = listState.selected.size !== 2;
+  $("#skipped").innerHTML = doc.skipped.length ? `<h2>Not valid training runs</h2><ul>` +
+    doc.skipped.map((s) => `<li><b>${esc(s.path)}</b>: ${esc(s.reason)}</li>`).join("") + "</ul>" : "";
+}
+
+/* ================================ charts ================================ */
+const SEV_COLOR = { critical: "#c62828", warning: "#d98a00", info: "#2a6bb3" };
+const COLORS = ["#2a6bb3", "#d9480f", "#2e7d32", "#7048e8", "#c2255c", "#0b7285"];
+
+function ema(values, alpha) {
+  if (!alpha) return values;
+  let acc = null;
+  return values.map((v) => (v === null ? acc : (acc = acc === null ? v : alpha * acc + (1 - alpha) * v)));
+}
+
+/* x values for a series' steps under the chosen axis (step, tokens seen, wall seconds) */
+function xFor(steps, axis, x) {
+  if (axis === "step" || !x[axis]) return steps;
+  const m = new Map(x[axis].steps.map((s, i) => [s, x[axis].value[i]]));
+  return steps.map((s) => (m.has(s) ? m.get(s) : null));
+}
+
+function markerHook(marks, warmup, axisSteps) {
+  return {
+    drawClear: [(u) => {
+      if (!warmup) return;
+      const x1 = u.valToPos(axisSteps(warmup), "x", true);
+      const x0 = u.bbox.left;
+      if (!isFinite(x1) || x1 <= x0) return;
+      u.ctx.save(); u.ctx.fillStyle = "rgba(120,130,140,0.12)";
+      u.ctx.fillRect(x0, u.bbox.top, Math.min(x1, u.bbox.left + u.bbox.width) - x0, u.bbox.height);
+      u.ctx.restore();
+    }],
+    draw: [(u) => {
+      u.ctx.save();
+      for (const m of marks) {
+        const px = u.valToPos(axisSteps(m.step), "x", true);
+        if (!isFinite(px) || px < u.bbox.left || px > u.bbox.left + u.bbox.width) continue;
+        u.ctx.strokeStyle = SEV_COLOR[m.severity] || "#888"; u.ctx.lineWidth = 2;
+        u.ctx.setLineDash([4, 3]);
+        u.ctx.beginPath(); u.ctx.moveTo(px, u.bbox.top); u.ctx.lineTo(px, u.bbox.top + u.bbox.height);
+        u.ctx.stroke();
+      }
+      u.ctx.restore();
+    }],
+  };
+}
+
+/* one chart: lines = [{label, steps, hi, lo?}], smoothed copies drawn over faint raw ones */
+function lineChart(el, title, lines, opts) {
+  const { axis, x, smooth, marks, warmup, unit = "", fromZero = false, fmt = num, fill = false,
+          yLabel = "", onZoom = null } = opts;
+  const wrap = document.createElement("div");
+  wrap.className = "chart";
+  wrap.innerHTML = `<div class="title">${esc(title)}</div>`;
+  el.appendChild(wrap);
+  const allSteps = [...new Set(lines.flatMap((l) => l.steps))].sort((a, b) => a - b);
+  const idx = new Map(allSteps.map((s, i) => [s, i]));
+  const xs = xFor(allSteps, axis, x);
+  const keep = xs.map((v) => v !== null);
+  const data = [xs.filter((_, i) => keep[i])];
+  const series = [{ label: axis === "step" ? "step" : axis === "tokens" ? "tokens" : "wall s" }];
+  const bands = [];
+  lines.forEach((l, k) => {
+    const col = COLORS[k % COLORS.length];
+    const raw = new Array(allSteps.length).fill(null);
+    const lo = new Array(allSteps.length).fill(null);
+    l.steps.forEach((s, i) => { raw[idx.get(s)] = l.hi[i]; lo[idx.get(s)] = (l.lo || l.hi)[i]; });
+    const f = (arr) => arr.filter((_, i) => keep[i]);
+    const hasBand = l.lo && l.lo.some((v, i) => v !== l.hi[i]);
+    if (hasBand) {
+      data.push(f(lo));
+      series.push({ label: `${l.label} (bin min)`, stroke: col + "55", width: 1, value: (u, v) => fmt(v) + unit });
+      bands.push({ series: [data.length, data.length - 1], fill: col + "22" });
+    }
+    data.push(f(raw));
+    series.push({ label: smooth ? `${l.label} (raw)` : l.label, stroke: smooth ? col + "66" : col,
+                  width: smooth ? 1 : 1.5, value: (u, v) => fmt(v) + unit, spanGaps: true,
+                  ...(fill ? { fill: col + "33" } : {}) });
+    if (smooth) {
+      data.push(ema(f(raw), smooth));
+      series.push({ label: `${l.label} (smoothed)`, stroke: col, width: 2, value: (u, v) => fmt(v) + unit,
+                    spanGaps: true });
+    }
+  });
+  const stepToX = (s) => { const i = idx.get(s); return i === undefined ? s : xs[i] ?? s; };
+  const u = new uPlot({
+    width: Math.max(320, wrap.clientWidth - 16), height: 220,
+    cursor: { sync: { key: "run" }, drag: { x: true, y: false } },
+    scales: { x: { time: false }, y: fromZero ? { range: (u, mn, mx) => [0, mx > 0 ? mx * 1.05 : 1] } : {} },
+    axes: [{ label: axis === "step" ? "step" : axis === "tokens" ? "tokens seen" : "wall time (s)" },
+           { label: yLabel, size: 60, ...(opts.fmt ? { values: (u, ticks) => ticks.map((t) => fmt(t)) } : {}) }],
+    legend: { live: true },
+    series, bands,
+    hooks: { ...markerHook(marks || [], warmup, stepToX),
+             setSelect: [(u) => {
+               if (!onZoom || u.select.width < 2) return;
+               const lo = u.posToVal(u.select.left, "x"), hi = u.posToVal(u.select.left + u.select.width, "x");
+               onZoom(Math.floor(lo), Math.ceil(hi));
+             }] },
+  }, data, wrap);
+  charts.push(u);
+  return u;
+}
+
+/* ================================ run page ================================ */
+const runState = { axis: "step", smooth: 0 };
+
+function sheetCards(sheet, meta) {
+  const kv = (rows) => `<div class="kv">${rows.map(([k, v]) => `<span>${k}</span><span class="v">${v}</span>`).join("")}</div>`;
+  const phases = Object.entries(sheet.phase_frac || {}).map(([k, v]) => `${esc(k)} ${pct(v)}`).join(" · ");
+  return `<div class="cards">
+    <div class="card"><h3>Result</h3>${kv([
+      ["loss first → last", `${num(sheet.loss_first, 4)} → ${num(sheet.loss_last, 4)}`],
+      ["loss min", num(sheet.loss_min, 4)], ["perplexity", num(sheet.perplexity)],
+      ["accuracy (last)", pct(sheet.accuracy_last)]])}</div>
+    <div class="card"><h3>Efficiency</h3>${kv([
+      ["tokens/s", num(sheet.tokens_per_s)], ["samples/s", num(sheet.samples_per_s)],
+      ["step time (median / p90)", `${secs(sheet.step_time_s)} / ${secs(sheet.step_time_p90_s)}`],
+      ["MFU / HFU", `${pct(sheet.mfu)} / ${pct(sheet.hfu)}`]])}
+      <div class="muted">${esc(sheet.mfu_note)}</div></div>
+    <div class="card"><h3>System</h3>${kv([
+      ["memory peak", gib(sheet.mem_peak_bytes)], ["data wait", pct(sheet.data_wait_frac)],
+      ["communication (exposed)", `${pct(sheet.comm_frac)} (${pct(sheet.comm_exposed_frac)})`],
+      ["steps / ranks / warm-up", `${num(sheet.steps)} / ${num(sheet.ranks)} / ${num(sheet.warmup_steps)}`]])}
+      <div class="muted">${esc(sheet.mem_source)}</div>
+      <div>${phases}</div><div class="muted">${esc(sheet.phase_source)}</div></div>
+  </div>` + ((sheet.notes || []).length ? `<ul>${sheet.notes.map((n) => `<li>${esc(n)}</li>`).join("")}</ul>` : "");
+}
+
+function findingsList(findings) {
+  if (!findings.length) return '<p class="muted">No findings.</p>';
+  return `<ul class="findings">${findings.map((f, i) => `<li>
+    <span class="sev-${esc(f.severity)}">${esc(f.severity)}</span> <b>${esc(f.category)}</b>
+    ${f.rank !== null && f.rank !== undefined ? `(rank ${esc(f.rank)})` : ""}: ${esc(f.message)}
+    ${f.steps ? ` <a data-f="${i}">steps ${esc(f.steps[0])}–${esc(f.steps[1])}</a>` : ""}
+    ${f.recommendation ? `<div class="muted">next: ${esc(f.recommendation)}</div>` : ""}</li>`).join("")}</ul>`;
+}
+
+function heatColor(ratio) {
+  if (ratio === null || !isFinite(ratio)) return [235, 238, 241];
+  const t = Math.max(-1, Math.min(1, Math.log2(ratio)));  // 0.5x .. 2x of the median
+  const lerp = (a, b, k) => Math.round(a + (b - a) * k);
+  return t < 0 ? [lerp(247, 59, -t), lerp(247, 111, -t), lerp(247, 182, -t)]
+               : [lerp(247, 198, t), lerp(247, 40, t), lerp(247, 40, t)];
+}
+
+function drawHeatmap(canvas, hm) {
+  const rows = hm.ranks.length, cols = hm.steps.length;
+  canvas.width = Math.max(cols, 1); canvas.height = Math.max(rows, 1);
+  canvas.style.height = Math.min(Math.max(rows * 6, 60), 420) + "px";
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(canvas.width, canvas.height);
+  hm.values.forEach((row, r) => row.forEach((v, c) => {
+    const [R, G, B] = heatColor(v === null || !hm.median ? null : v / hm.median);
+    const o = 4 * (r * canvas.width + c);
+    img.data[o] = R; img.data[o + 1] = G; img.data[o + 2] = B; img.data[o + 3] = 255;
+  }));
+  ctx.putImageData(img, 0, 0);
+  const tip = $("#tip");
+  canvas.onmousemove = (e) => {
+    const b = canvas.getBoundingClientRect();
+    const c = Math.floor((e.clientX - b.left) / b.width * cols);
+    const r = Math.floor((e.clientY - b.top) / b.height * rows);
+    if (r < 0 || r >= rows || c < 0 || c >= cols) { tip.hidden = true; return; }
+    const v = hm.values[r][c];
+    tip.textContent = `rank ${hm.ranks[r]}, steps from ${hm.steps[c]}\nstep time ${secs(v)}` +
+      (v !== null && hm.median ? ` (${(v / hm.median).toFixed(2)}x median)` : "");
+    tip.style.left = e.clientX + 12 + "px"; tip.style.top = e.clientY + 12 + "px"; tip.hidden = false;
+  };
+  canvas.onmouseleave = () => { tip.hidden = true; };
+}
+
+function perRankTable(perRank) {
+  if (!perRank || perRank.length < 2) return '<p class="muted">One rank.</p>';
+  return `<table><tr><th>rank</th><th class="num">step time</th><th class="num">tokens/s</th>
+    <th class="num">data wait</th><th class="num">comm</th><th class="num">compute</th></tr>` + perRank.slice(0, 16).map((r) =>
+    `<tr><td>${esc(r.rank)}</td><td class="num">${secs(r.step_time_s)}</td><td class="num">${num(r.tokens_per_s)}</td>
+     <td class="num">${pct(r.data_wait_frac)}</td><td class="num">${pct(r.comm_frac)}</td>
+     <td class="num">${pct(r.compute_frac)}</td></tr>`).join("") +
+    (perRank.length > 16 ? `<tr><td colspan="6" class="muted">… ${perRank.length - 16} more ranks: see the heatmap</td></tr>` : "") + "</table>";
+}
+
+function profileBlock(p) {
+  if (!p) return '<p class="muted">No profile captured (<code>stepscope run --profile-steps a:b</code>).</p>';
+  const rep = p.report;
+  if (!rep) return `<p>${esc(p.profile_dir)}: ${esc(p.status)}</p>`;
+  const ranks = Object.entries(rep.ranks || {}).map(([r, d]) => `<tr><td>${esc(r)}</td>
+    <td class="num">${num(d.compute_pct)}%</td><td class="num">${num(d.idle_pct)}%</td>
+    <td class="num">${num(d.comm_comp_overlap_pct)}%</td><td class="num">${num((d.step_time_median_us || 0) / 1000)} ms</td>
+    <td>${Object.entries(d.phase_means_us || {}).map(([k, v]) => `${esc(k)} ${num(v / 1000)} ms`).join(" · ")}</td></tr>`).join("");
+  const ops = (rep.top_ops || []).slice(0, 15).map((o) => `<tr><td title="${esc(o.name)}">${esc(o.name)}</td>
+    <td>${esc(o.kind)}</td><td class="num">${num(o.count)}</td><td class="num">${num(o.total_us / 1000)} ms</td>
+    <td class="num">${num(o.share_pct)}%</td></tr>`).join("");
+  return `<p class="muted">${esc(p.profile_dir)} (${esc(p.status)})</p>
+    <table><tr><th>rank</th><th class="num">compute</th><th class="num">idle</th><th class="num">overlap</th>
+    <th class="num">step (median)</th><th>phases (mean)</th></tr>${ranks}</table>
+    <h3 style="margin-top:10px">Top ops</h3>
+    <table><tr><th>op</th><th>kind</th><th class="num">calls</th><th class="num">total</th><th class="num">share</th></tr>${ops}</table>`;
+}
+
+function kvTable(obj) {
+  const rows = Object.entries(obj || {}).filter(([, v]) => v !== null && v !== "");
+  return `<table>${rows.map(([k, v]) => `<tr><td>${esc(k)}</td><td>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")}</table>`;
+}
+
+const CHARTS = [
+  ["Loss", ["result/loss"], { yLabel: "loss" }], ["Learning rate", ["train/lr"], { yLabel: "lr" }],
+  ["Gradient norm", ["train/grad_norm"], { yLabel: "L2 norm" }],
+  ["Loss scale", ["train/loss_scale"], { yLabel: "scale" }],
+  ["Step time (slowest rank)", ["efficiency/step_time_s"], { unit: " s", fromZero: true, yLabel: "seconds" }],
+  ["Tokens/s", ["efficiency/tokens_per_s"], { fromZero: true, yLabel: "tokens/s" }],
+  ["MFU", ["efficiency/mfu"], { fromZero: true, fmt: (v) => pct(v), yLabel: "% of peak" }],
+  ["Memory peak", ["system/mem_peak_gib"], { fromZero: true, unit: " GiB", yLabel: "GiB" }],
+  ["Data wait", ["system/data_wait_s"], { fromZero: true, unit: " s", yLabel: "seconds" }],
+  ["Communication", ["system/comm_s"], { fromZero: true, unit: " s", yLabel: "seconds" }],
+];
+
+function drawRunCharts(doc, ser, onZoom = null) {
+  charts.forEach((c) => c.destroy()); charts = [];
+  const el = $("#charts"); el.innerHTML = "";
+  const marks = doc.findings.filter((f) => f.steps).map((f) => ({ step: f.steps[0], severity: f.severity }));
+  for (const ev of doc.events.filter((e) => e.type === "alert" && e.step !== undefined)) {
+    marks.push({ step: ev.step, severity: ev.severity || "warning" });
+  }
+  for (const [title, tags, o] of CHARTS) {
+    const lines = tags.filter((t) => ser.series[t]).map((t) => ({ label: title, ...ser.series[t] }));
+    if (!lines.length) continue;
+    lineChart(el, title, lines, { axis: runState.axis, x: ser.x, smooth: runState.smooth,
+      marks, warmup: ser.warmup_steps, onZoom: runState.axis === "step" ? onZoom : null, ...o });
+  }
+  const ph = ser.phases;
+  if (ph.steps.length) {
+    const names = Object.keys(ph.cols);
+    let acc = ph.steps.map(() => 0);
+    const stacked = names.map((n) => (acc = acc.map((a, i) => a + (ph.cols[n][i] || 0))));
+    lineChart(el, "Phase split per step (stacked, mean over ranks)",
+      names.map((n, k) => ({ label: n.replace(/_s$/, ""), steps: ph.steps, hi: stacked[k] })),
+      { axis: runState.axis, x: ser.x, smooth: 0, marks: [], warmup: ser.warmup_steps, unit: " s",
+        fromZero: true, fill: true, yLabel: "seconds" });
+  }
+}
+
+async function showRun(path) {
+  $("#where-am-i").textContent = path;
+  app().innerHTML = '<p class="muted">Loading run…</p>';
+  let doc, ser;
+  // First paint from the sheet and the series; diagnose (slower) fills the findings after.
+  try { [doc, ser] = await Promise.all([api("run", { path, findings: "0" }), api("series", { path })]); }
+  catch (e) { app().innerHTML = `<p class="err">${esc(e.message)}</p>`; return; }
+  const m = doc.meta;
+  let findings = doc.findings.length ? doc.findings : null;
+  app().innerHTML = `
+    <h2>${esc(m.name || m.run_id)} <span class="badge ${esc(m.status)}">${esc(m.status)}</span></h2>
+    <div class="muted">${esc(path)} · created ${esc(m.created_utc)} · run ${esc(m.run_id)}</div>
+    ${m.error ? `<p class="err">${esc(m.error)}</p>` : ""}
+    ${m.command ? `<pre>${esc(m.command.join(" "))}</pre>` : ""}
+    ${sheetCards(doc.sheet, m)}
+    <h2>Findings</h2><div id="findings"><p class="muted">Diagnosing…</p></div>
+    <h2>Charts</h2>
+    <div class="controls">x axis:
+      <select id="axis"><option value="step">step</option><option value="tokens">tokens</option>
+      <option value="wall_s">wall time (s)</option></select>
+      smoothing <input id="smooth" type="range" min="0" max="0.98" step="0.02" value="${runState.smooth}">
+      <button id="whole" hidden>whole run</button>
+      <span class="muted">drag across a chart to zoom (the window is fetched at full resolution),
+      double-click to reset; warm-up is shaded, findings and alerts are dashed lines</span></div>
+    <div id="charts" class="charts"></div>
+    <h2>Ranks</h2>
+    <div class="fleet"><div><canvas id="heat" class="heat"></canvas>
+      <div class="legend-scale">0.5x <i></i> 2x of the median step time (rank × step)</div></div>
+      <div><h3>Slowest ranks first</h3>${perRankTable(doc.sheet.per_rank)}</div></div>
+    <h2>Profile</h2>${profileBlock(doc.profile)}
+    <h2>Run</h2>
+    <details open><summary>Baseline</summary>${kvTable(m.baseline)}</details>
+    <details><summary>Environment</summary>${kvTable(m.environment)}</details>
+    <details><summary>Config</summary>${kvTable(m.config)}</details>
+    <details><summary>Events (${doc.events.length})</summary><pre>${esc(doc.events.map((e) => JSON.stringify(e)).join("\n"))}</pre></details>
+    ${doc.read_problems.length ? `<details><summary>Read problems</summary><pre>${esc(doc.read_problems.join("\n"))}</pre></details>` : ""}`;
+  let windowed = null;  // [lo, hi] while zoomed into a window fetched at full resolution
+  const zoom = OFFLINE ? null : async (lo, hi) => {
+    try { windowed = await api("series", { path, steps: `${lo}:${hi}` }); } catch (e) { return; }
+    redraw(); $("#whole").hidden = false;
+  };
+  const redraw = () => drawRunCharts(doc, windowed || ser, zoom);
+  $("#whole").addEventListener("click", () => { windowed = null; $("#whole").hidden = true; redraw(); });
+  $("#axis").value = runState.axis;
+  $("#axis").addEventListener("change", (e) => { runState.axis = e.target.value; redraw(); });
+  $("#smooth").addEventListener("change", (e) => { runState.smooth = +e.target.value; redraw(); });
+  const showFindings = () => {
+    doc.findings = findings || [];
+    $("#findings").innerHTML = findingsList(doc.findings);
+    $("#findings").querySelectorAll("a[data-f]").forEach((a) => a.addEventListener("click", () => {
+      const f = doc.findings[+a.dataset.f];
+      const lo = f.steps[0] - 10, hi = f.steps[1] + 10;
+      runState.axis = "step"; $("#axis").value = "step"; redraw();
+      charts.forEach((c) => c.setScale("x", { min: lo, max: hi }));
+      $("#charts").scrollIntoView();
+    }));
+  };
+  redraw();
+  const diagnose = async () => {
+    try { findings = (await api("findings", { path })).findings; } catch (e) { return; }
+    showFindings(); redraw();
+  };
+  if (findings) showFindings(); else diagnose();
+  drawHeatmap($("#heat"), ser.heatmap);
+  if (m.status === "running" && !OFFLINE) {
+    $("#live").hidden = false;
+    let busy = false;
+    timers.push(setInterval(async () => {  // within 2 s of new records: poll every second
+      if (busy || windowed) return;
+      busy = true;
+      try { [doc, ser] = await Promise.all([api("run", { path, findings: "0" }), api("series", { path })]); }
+      catch (e) { return; } finally { busy = false; }
+      doc.findings = findings || [];
+      redraw(); drawHeatmap($("#heat"), ser.heatmap);
+      if (doc.meta.status !== "running") { $("#live").hidden = true; timers.forEach(clearInterval); }
+    }, 1000));
+  }
+}
+
+/* ================================ A/B page ================================ */
+async function showCompare(a, b) {
+  $("#where-am-i").textContent = `${a} vs ${b}`;
+  let cmp, sa, sb;
+  try { [cmp, sa, sb] = await Promise.all([api("compare", { a, b }), api("series", { path: a }), api("series", { path: b })]); }
+  catch (e) { app().innerHTML = `<p class="err">${esc(e.message)}</p>`; return; }
+  const speed = cmp.speed || {};
+  const metrics = Object.entries(speed).filter(([, v]) => v && typeof v === "object" && "change" in v)
+    .map(([name, v]) => ({ name, ...v }));
+  const metricRows = metrics.map((mm) => `<tr><td>${esc(mm.name)}</td>
+    <td class="num">${num(mm.a)}</td><td class="num">${num(mm.b)}</td>
+    <td class="num">${mm.diff_rel !== undefined && mm.diff_rel !== null ? pct(mm.diff_rel) : "–"}</td>
+    <td>${esc(mm.change || "")}</td></tr>`).join("");
+  app().innerHTML = `<h2>A/B: ${esc(a)} → ${esc(b)}</h2>
+    <div class="verdict">${esc(cmp.verdict)}</div>
+    <ul>${(cmp.reasons || []).map((r) => `<li>${esc(r)}</li>`).join("")}</ul>
+    <div class="cards"><div class="card"><h3>Speed ledger: ${esc(speed.verdict || "")}</h3>
+      <div class="muted">${esc(speed.reason || "")}</div>
+      <table><tr><th>metric</th><th class="num">A</th><th class="num">B</th><th class="num">change</th><th></th></tr>${metricRows}</table></div>
+      <div class="card"><h3>Quality ledger: ${esc((cmp.quality || {}).verdict || "")}</h3>
+      <table><tr><th>metric</th><th class="num">A</th><th class="num">B</th><th>at</th><th></th></tr>${
+        Object.entries(cmp.quality || {}).filter(([, v]) => v && typeof v === "object" && "verdict" in v)
+          .map(([name, v]) => `<tr><td>${esc(name)}</td><td class="num">${num(v.a, 4)}</td><td class="num">${num(v.b, 4)}</td>
+            <td>${esc(Object.entries(v.at || {}).map(([k, x]) => `${k} ${num(x)}`).join(", "))}</td>
+            <td>${esc(v.verdict)}${v.note ? ` <span class="muted">${esc(v.note)}</span>` : ""}</td></tr>`).join("")}</table>
+      ${((cmp.quality || {}).warnings || []).map((w) => `<p class="muted">${esc(w)}</p>`).join("")}</div>
+      <div class="card"><h3>What differs</h3>${(cmp.differing || []).length ?
+        `<table>${cmp.differing.map((d) => `<tr><td>${esc(d.variable)}</td><td>${esc(JSON.stringify(d.a))}</td><td>→ ${esc(JSON.stringify(d.b))}</td></tr>`).join("")}</table>` :
+        '<p class="muted">No baseline variable differs.</p>'}</div></div>
+    <details><summary>Full comparison (JSON)</summary><pre>${esc(JSON.stringify(cmp, null, 2))}</pre></details>
+    <h2>Overlay</h2><div id="charts" class="charts"></div>`;
+  for (const [title, tag, o] of [["Loss", "result/loss", {}], ["Tokens/s", "efficiency/tokens_per_s", { fromZero: true }],
+                                  ["Step time (s)", "efficiency/step_time_s", { fromZero: true }]]) {
+    const lines = [[a, sa], [b, sb]].filter(([, s]) => s.series[tag]).map(([n, s]) => ({ label: n, ...s.series[tag] }));
+    if (lines.length) lineChart($("#charts"), title, lines, { axis: "step", x: {}, smooth: 0, marks: [], warmup: 0, ...o });
+  }
+}
+
+/* ================================ router ================================ */
+function route() {
+  clearPage();
+  if (OFFLINE) return showRun(OFFLINE.run.path);
+  const h = location.hash.replace(/^#\/?/, "");
+  const parts = h.split("/").map(decodeURIComponent);
+  if (parts[0] === "run" && parts[1]) return showRun(parts.slice(1).join("/"));
+  if (parts[0] === "compare" && parts.length >= 3) return showCompare(parts[1], parts[2]);
+  return showRuns();
+}
+window.addEventListener("hashchange", route);
+route();

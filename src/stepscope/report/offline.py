@@ -1,0 +1,53 @@
+"""The offline HTML report: the dashboard's run page in one self-contained file.
+
+The same page, script and chart library as ``stepscope serve``, inlined, with the run's two
+documents (``run_doc``, ``series_doc``; series decimated by min/max envelopes) embedded as
+JSON, so the report is interactive with no server and no network: a Content-Security-Policy
+meta tag forbids every external load.
+
+Example::
+
+    html = render_offline(run_document, series_document)
+    Path("report.html").write_text(html, encoding="utf-8")
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import orjson
+
+__all__ = ["render_offline", "OFFLINE_CSP"]
+
+# No source but the file itself: scripts and styles inline, images as data: URIs.
+OFFLINE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+               "img-src data:; base-uri 'none'; form-action 'none'")
+
+
+def _asset(name: str) -> str:
+    return (resources.files("stepscope.report") / "assets" / name).read_text(encoding="utf-8")
+
+
+def _inline_script(text: str) -> str:
+    # A "</script" inside the code or the data would end the element early.
+    return "<script>" + text.replace("</script", "<\\/script") + "</script>"
+
+
+def render_offline(run: dict[str, Any], series: dict[str, Any]) -> str:
+    """One HTML file holding the run page and its data (see the module docstring)."""
+    page = _asset("dashboard.html")
+    data = orjson.dumps({"run": run, "series": series},
+                        option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+                        default=str).decode()
+    data = data.replace("<", "\\u003c")  # JSON stays valid; no markup can start inside it
+    head = (f'<meta http-equiv="Content-Security-Policy" content="{OFFLINE_CSP}">'
+            f"<style>{_asset('uPlot.min.css')}\n{_asset('dashboard.css')}</style>")
+    page = page.replace('<link rel="stylesheet" href="/assets/uPlot.min.css">', head)
+    page = page.replace('<link rel="stylesheet" href="/assets/dashboard.css">', "")
+    page = page.replace('<script src="/assets/uPlot.iife.min.js"></script>',
+                        _inline_script(_asset("uPlot.iife.min.js")))
+    page = page.replace('<script src="/assets/dashboard.js"></script>',
+                        _inline_script(f"window.STEPSCOPE_DATA = {data};")
+                        + _inline_script(_asset("dashboard.js")))
+    return page

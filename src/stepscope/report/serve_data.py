@@ -1,0 +1,264 @@
+"""The dashboard's JSON documents, built from a root of runs (no HTTP here).
+
+``Dashboard`` keeps the SQLite index of ROOT up to date (at most once per ``refresh_s``) and
+answers four questions: which runs are there (``runs``), one run's sheet, findings, events,
+environment and latest profile (``run``), its per-step series for the charts (``series``),
+and an A/B comparison of two runs (``compare``). A run is named by its path relative to ROOT
+exactly as the index lists it, so nothing outside ROOT can be asked for.
+
+Example::
+
+    board = Dashboard("runs")
+    board.runs(where=["num_devices>=8"], sort="-mfu")["runs"][0]["path"]
+    board.series("exp1", max_points=2000)["series"]["result/loss"]
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..analysis.compare import compare_runs
+from ..analysis.diagnose import diagnose
+from ..analysis.findings import Finding
+from ..analysis.series import by_step, envelope, phase_stack, rank_heatmap, step_series
+from ..analysis.summary import Sheet, summarize
+from ..errors import RunDirError, StepscopeError
+from ..index import INDEX_FILE, build_index, query_index
+from ..schema import AnyArray, RunMeta, StepTable
+from ..store import RunDir
+
+__all__ = ["Dashboard", "NotFound", "series_doc", "run_doc"]
+
+# Events the run page shows (the rest of events.jsonl is the tools' own bookkeeping).
+_SHOWN_EVENTS = ("finding", "alert", "isolation", "profile", "warning", "cross_rank")
+_CACHE_RUNS = 8  # loaded runs kept in memory (a page polls the run it shows)
+
+
+class NotFound(StepscopeError):
+    """A run path the index does not list (or a request for something else that is absent)."""
+
+
+@dataclass
+class _Loaded:
+    signature: tuple[float, int]
+    meta: RunMeta
+    table: StepTable
+    sheet: Sheet
+    problems: list[str]
+    skipped: int
+    findings: list[Finding] | None = None  # diagnosed on first request (the slow part)
+
+
+def _floats(a: AnyArray) -> list[float | None]:
+    return [None if not math.isfinite(v) else v for v in a.astype(np.float64).tolist()]
+
+
+def _dir_signature(path: Path) -> tuple[float, int]:
+    """Newest mtime and total size under steps/ and of the run's files: a cheap change test."""
+    newest, size = 0.0, 0
+    for p in [path / "run.json", path / "events.jsonl", *sorted((path / "steps").glob("*"))]:
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        newest, size = max(newest, st.st_mtime), size + st.st_size
+    return newest, size
+
+
+class Dashboard:
+    """Index-backed view of ROOT for the web app (thread-safe; see the module docstring)."""
+
+    def __init__(self, root: str | Path, refresh_s: float = 2.0) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise RunDirError(f"{self.root} is not a directory; pass the folder that holds "
+                              "the runs (or one run directory)")
+        self.db = self.root / INDEX_FILE
+        self.refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._indexed_at = -math.inf
+        self._skipped: list[dict[str, str]] = []
+        self._known: set[str] = set()
+        self._cache: OrderedDict[str, _Loaded] = OrderedDict()
+        # One loader per run at a time: the page asks for a run's sheet and series at once,
+        # and the second request should wait for the first read, not read it again.
+        self._loading: dict[str, threading.Lock] = {}
+
+    # -- the run list ------------------------------------------------------------------
+    def _refresh(self) -> None:
+        with self._lock:
+            if time.monotonic() - self._indexed_at < self.refresh_s:
+                return
+            result = build_index(self.root, self.db)
+            self._skipped = [{"path": s.path, "reason": s.reason} for s in result.skipped]
+            self._known = {r["path"] for r in query_index(self.db)}
+            self._indexed_at = time.monotonic()
+
+    def runs(self, where: Sequence[str] = (), sort: str | None = None, q: str = ""
+             ) -> dict[str, Any]:
+        """Index rows matching ``where`` (the ``index --where`` language) and the text ``q``."""
+        self._refresh()
+        rows = query_index(self.db, [w for w in where if w.strip()], sort=sort or None)
+        needle = q.strip().lower()
+        if needle:
+            rows = [r for r in rows if any(needle in str(r.get(k) or "").lower()
+                                           for k in ("path", "name", "run_id", "model_name"))]
+        for r in rows:
+            r["valid"] = bool(r.get("steps"))
+        return {"root": str(self.root), "runs": rows, "skipped": list(self._skipped)}
+
+    def _path_of(self, rel: str) -> Path:
+        self._refresh()
+        if rel not in self._known:
+            raise NotFound(f"no run {rel!r} under {self.root}")
+        return self.root if rel == "." else self.root / rel
+
+    # -- one run -----------------------------------------------------------------------
+    def _load(self, rel: str) -> _Loaded:
+        path = self._path_of(rel)
+        with self._lock:
+            gate = self._loading.setdefault(rel, threading.Lock())
+        with gate:
+            return self._load_locked(rel, path)
+
+    def _load_locked(self, rel: str, path: Path) -> _Loaded:
+        sig = _dir_signature(path)
+        with self._lock:
+            hit = self._cache.get(rel)
+            if hit is not None and hit.signature == sig:
+                self._cache.move_to_end(rel)
+                return hit
+        run = RunDir.open(path)
+        meta = run.read_meta()
+        table, stats = run.read_steps()
+        loaded = _Loaded(sig, meta, table, summarize(table, meta, skipped_records=stats.skipped),
+                         list(stats.problems), stats.skipped)
+        with self._lock:
+            self._cache[rel] = loaded
+            while len(self._cache) > _CACHE_RUNS:
+                self._cache.popitem(last=False)
+        return loaded
+
+    def run(self, rel: str, with_findings: bool = True) -> dict[str, Any]:
+        """Sheet, events, identity and environment, the latest profile, and (unless
+        ``with_findings`` is false: the page asks for them after its first paint) findings."""
+        loaded = self._load(rel)
+        run = RunDir.open(self._path_of(rel))
+        findings = self._findings(rel, loaded, run) if with_findings else []
+        return run_doc(rel, run, loaded.table, loaded.meta, loaded.sheet, loaded.problems,
+                       findings)
+
+    def findings(self, rel: str) -> dict[str, Any]:
+        """diagnose's findings of one run (cached with the loaded run)."""
+        loaded = self._load(rel)
+        found = self._findings(rel, loaded, RunDir.open(self._path_of(rel)))
+        return {"path": rel, "findings": [f.to_dict() for f in found]}
+
+    def _findings(self, rel: str, loaded: _Loaded, run: RunDir) -> list[Finding]:
+        with self._loading.setdefault(rel, threading.Lock()):
+            if loaded.findings is None:
+                events, _ = run.read_events()
+                loaded.findings = (diagnose(loaded.table, loaded.meta, events=events).findings
+                                   if len(loaded.table) else [])
+            return loaded.findings
+
+    def series(self, rel: str, max_points: int = 2000, heat_cols: int = 600,
+               steps: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Per-step series (min/max envelopes past ``max_points``), x axes, phases, heatmap;
+        ``steps`` = (first, last) inclusive narrows them to a zoomed window, so a zoom shows
+        the window at full resolution rather than the whole run's bins."""
+        loaded = self._load(rel)
+        return series_doc(rel, loaded.table, loaded.sheet, loaded.meta, max_points, heat_cols,
+                          steps)
+
+    def compare(self, rel_a: str, rel_b: str) -> dict[str, Any]:
+        """The A/B verdict of ``stepscope compare`` for two runs of the index."""
+        a, b = self._load(rel_a), self._load(rel_b)
+        run_a, run_b = RunDir.open(self._path_of(rel_a)), RunDir.open(self._path_of(rel_b))
+        result = compare_runs(a.table, a.meta, b.table, b.meta, run_a.read_events("eval")[0],
+                              run_b.read_events("eval")[0])
+        doc: dict[str, Any] = result.to_dict()
+        doc["paths"] = [rel_a, rel_b]
+        return doc
+
+
+def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet,
+            problems: Sequence[str], findings: Sequence[Finding] | None = None
+            ) -> dict[str, Any]:
+    """The run page's document: sheet, findings, shown events, identity, latest profile."""
+    events, _ = run.read_events()
+    shown = [e for e in events if e.get("type") in _SHOWN_EVENTS]
+    if findings is None:
+        findings = diagnose(table, meta, events=events).findings if len(table) else []
+    return {"path": rel, "meta": meta.to_dict(), "sheet": sheet.to_dict(),
+            "findings": [f.to_dict() for f in findings], "events": shown[-200:],
+            "read_problems": list(problems), "profile": _latest_profile(run)}
+
+
+def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_points: int = 2000,
+               heat_cols: int = 600, steps: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The chart document of one run (also embedded in the offline HTML report)."""
+    if steps is not None:
+        table = table.select((table["step"] >= steps[0]) & (table["step"] <= steps[1]))
+    series = step_series(table)
+    if sheet.mfu and sheet.tokens_per_s and "efficiency/tokens_per_s" in series:
+        # MFU is proportional to tokens/s (MFU = tokens/s x FLOPs/token / (devices x
+        # peak)): scaling by the sheet's own ratio keeps one definition of MFU.
+        s, tps = series["efficiency/tokens_per_s"]
+        series["efficiency/mfu"] = (s, tps * (sheet.mfu / sheet.tokens_per_s))
+    out: dict[str, Any] = {}
+    for tag, (at, vals) in series.items():
+        s, lo, hi = envelope(at, vals, max_points)
+        out[tag] = {"steps": s.tolist(), "lo": _floats(lo), "hi": _floats(hi)}
+    return {"path": rel, "series": out, "x": _x_axes(table, series),
+            "phases": _phases(table), "heatmap": _heatmap(table, heat_cols),
+            "warmup_steps": sheet.warmup_steps, "status": meta.status,
+            "window": list(steps) if steps else None}
+
+
+def _x_axes(table: StepTable, series: dict[str, tuple[AnyArray, AnyArray]]) -> dict[str, Any]:
+    """Step -> cumulative tokens and -> wall time since the first step, for the x selector."""
+    out: dict[str, Any] = {}
+    if "efficiency/step_time_s" in series:
+        steps, t = series["efficiency/step_time_s"]
+        out["wall_s"] = {"steps": steps.tolist(), "value": np.cumsum(t).tolist()}
+    if table.has_data("tokens"):
+        steps, tokens = by_step(table, "tokens", "sum")
+        out["tokens"] = {"steps": steps.tolist(), "value": np.cumsum(tokens).tolist()}
+    return out
+
+
+def _phases(table: StepTable) -> dict[str, Any]:
+    steps, cols = phase_stack(table) if len(table) else (np.zeros(0), {})
+    return {"steps": steps.tolist(), "cols": {k: _floats(v) for k, v in cols.items()}}
+
+
+def _heatmap(table: StepTable, cols: int) -> dict[str, Any]:
+    grid = rank_heatmap(table, "step_time_s", cols)
+    return {"column": grid.column, "ranks": grid.ranks, "steps": grid.bin_start_steps,
+            "median": None if math.isnan(grid.median) else grid.median,
+            "values": [_floats(row) for row in grid.values]}
+
+
+def _latest_profile(run: RunDir) -> dict[str, Any] | None:
+    """The newest archived profile's analysis (written beside it by `stepscope run`)."""
+    dirs = run.profile_dirs()
+    for d in reversed(dirs):
+        f = d.with_name(d.name + ".analysis.json")
+        try:
+            doc: dict[str, Any] = orjson.loads(f.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        doc["profile_dir"] = d.name
+        return doc
+    return {"profile_dir": dirs[-1].name, "status": "not analysed"} if dirs else None
