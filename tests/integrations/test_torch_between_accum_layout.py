@@ -114,3 +114,20 @@ def test_lookup_only_embeddings_untied_counted_tied_kept() -> None:
     assert fields["flops_per_token"] == 4800.0 and "200 embedding-lookup" in \
         fields["flops_convention"]
     assert math.isclose(fields["hardware_flops_per_token"], 4800.0)
+
+
+def test_run_flops_by_convention_reproduces_nanogpt_estimate_mfu() -> None:
+    from stepscope.errors import ConfigError
+    from stepscope.integrations.torch import flopsrun
+
+    shape = {"layers": 2, "heads": 2, "hidden": 32, "vocab": 64, "position_params": 16 * 32}
+    table = flopsrun.by_convention(num_params=27520 + 512, lookups=512, seq_len=16,
+                                   shape=shape)
+    # nanoGPT estimate_mfu: 6 * get_num_params() + 12 * L * H * Q * T
+    assert table["palm"]["flops_per_token"] == 6 * 27520 + 12 * 2 * 2 * 16 * 16
+    assert table["matmul"]["flops_per_token"] == 6 * 27520
+    assert flopsrun.choose(table, "6n")["flops_per_token"] == 6 * 27520
+    only = flopsrun.by_convention(num_params=1000, lookups=0, seq_len=None, shape=None)
+    assert list(only) == ["matmul"]
+    with pytest.raises(ConfigError, match="available: matmul"):
+        flopsrun.choose(only, "palm")
