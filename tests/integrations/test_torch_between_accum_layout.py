@@ -69,9 +69,12 @@ def test_closure_wrapper_times_each_evaluation_and_keeps_the_result() -> None:
                            lambda i, s: seen.append((i, s)))
     assert wrapped() == "loss" and wrapped() == "loss"
     assert seen == [(0, 1.5), (1, 0.25)]
-    args, kwargs = closure.replace_closure((), {"closure": print}, wrapped)
+    opt = object()  # a step pre-hook sees (optimizer, *args)
+    args, kwargs = closure.replace_closure((opt,), {"closure": print}, wrapped)
     assert kwargs["closure"] is wrapped and closure.closure_of(args, kwargs) is wrapped
-    assert closure.closure_of((), {}) is None
+    args, kwargs = closure.replace_closure((opt, print), {}, wrapped)
+    assert args == (opt, wrapped) and closure.closure_of(args, kwargs) is wrapped
+    assert closure.closure_of((opt,), {}) is None
 
 
 def test_lbfgs_step_runs_the_wrapped_closure() -> None:
@@ -85,7 +88,16 @@ def test_lbfgs_step_runs_the_wrapped_closure() -> None:
         loss.backward()
         return loss
 
-    first = opt.step(closure.wrap(f, lambda: 0.0, lambda i, s: calls.append(i)))
+    def swap(o: object, args: tuple, kwargs: dict) -> tuple:
+        fn = closure.closure_of(args, kwargs)
+        timed = closure.wrap(fn, lambda: 0.0, lambda i, s: calls.append(i))
+        return closure.replace_closure(args, kwargs, timed)
+
+    handle = opt.register_step_pre_hook(swap)  # as stepscope's global pre-hook does
+    try:
+        first = opt.step(f)
+    finally:
+        handle.remove()
     assert float(first.detach()) == 9.0 and calls[:2] == [0, 1]
 
 

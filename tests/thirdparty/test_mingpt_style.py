@@ -40,8 +40,10 @@ def test_tokens_and_data_wait_from_the_worker_loader(run: ScriptRun) -> None:
 
 @pytest.mark.xfail(strict=True, reason="issue 13 item 4: generate() between steps reads "
                    "as a stall")
-def test_generate_between_steps_raises_no_warning(run: ScriptRun) -> None:
-    assert run.findings("warning", "critical") == []
+def test_generate_between_steps_is_no_stall(run: ScriptRun) -> None:
+    # (a data-wait warning can be the script's own: 2 workers on a shared 2-core machine)
+    stalls = [f["message"] for f in run.report["findings"] if f["category"] == "stall"]
+    assert stalls == [] and run.findings("critical") == []
 
 
 @pytest.mark.xfail(strict=True, reason="issue 13 item 4: generate() folded into the next "

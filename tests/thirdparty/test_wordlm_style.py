@@ -39,7 +39,7 @@ def adamw(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
                    "makes torch.save(model) fail (cannot pickle 'module' object)")
 def test_whole_model_save_and_reload_work(saving: ScriptRun) -> None:
     assert saving.proc.returncode == 0, saving.proc.stderr[-2000:]
-    assert saving.own["reloaded"] == [{"same": True}]
+    assert saving.own["reloaded"] and all(r["same"] for r in saving.own["reloaded"])
     assert Path(saving.out.parent / "model.pt").is_file()
 
 

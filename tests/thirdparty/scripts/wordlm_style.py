@@ -16,7 +16,6 @@ updates before them, ``SS model`` (parameter counts, batch and bptt), ``SS done`
 """
 
 import argparse
-import os
 import time
 
 import torch
@@ -132,12 +131,11 @@ for _epoch in range(args.epochs):
             with open(args.save, "wb") as f:
                 torch.save(model, f)
             say("checkpoint", after_step=updates, seconds=time.perf_counter() - t)
+            with open(args.save, "rb") as f:
+                loaded = torch.load(f, weights_only=False)
+            pairs = zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
+            say("reloaded", same=all(torch.equal(a, b) for a, b in pairs))
         best = val_loss
     else:
         lr /= 4.0
-if args.save and os.path.exists(args.save):
-    with open(args.save, "rb") as f:
-        loaded = torch.load(f, weights_only=False)
-    pairs = zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
-    say("reloaded", same=all(torch.equal(a, b) for a, b in pairs))
 say("done", steps=updates)

@@ -21,15 +21,19 @@ __all__ = ["closure_of", "replace_closure", "wrap"]
 
 
 def closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The closure passed to ``optimizer.step``, or None."""
-    c = args[0] if args else kwargs.get("closure")
+    """The closure passed to ``optimizer.step``, or None.
+
+    ``args`` as a step pre-hook sees them: the optimizer first (``step`` is a method).
+    """
+    c = args[1] if len(args) > 1 else kwargs.get("closure")
     return c if callable(c) else None
 
 
 def replace_closure(args: tuple[Any, ...], kwargs: dict[str, Any], new: Any
                     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if args:
-        return (new, *args[1:]), kwargs
+    """The step's arguments with ``new`` in the closure's place."""
+    if len(args) > 1:
+        return (args[0], new, *args[2:]), kwargs
     return args, {**kwargs, "closure": new}
 
 
