@@ -13,8 +13,9 @@ The public surface is listed in ``__all__`` and pinned by a test. Example::
     result = stepscope.diagnose(table, run.read_meta())          # ranked findings
     tables = stepscope.read_trace("runs/exp1/profiles")          # profiler traces -> events
 
-The analysis entry points are imported on first use, so ``import stepscope`` (done by the
-zero-code bootstrap in every training process) stays as light as the recorder.
+Every name but the errors is imported on first use, so ``import stepscope`` (done by the
+zero-code bootstrap in every training process, and by every CLI start) imports nothing
+heavy: not even numpy until a recorder or a table is asked for.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ __version__ = "0.1.0"
 
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
-from .analysis.findings import Finding  # noqa: E402
 from .errors import (  # noqa: E402
     ConfigError,
     RunDirError,
@@ -31,9 +31,6 @@ from .errors import (  # noqa: E402
     TraceFormatError,
     UnknownDeviceError,
 )
-from .recorder import Recorder, Step  # noqa: E402
-from .schema import EventTable, RunMeta, StepTable  # noqa: E402
-from .store import RunDir  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -56,8 +53,17 @@ __all__ = [
     "analyze_trace",
 ]
 
-# name -> (module, attribute): imported on first access (PEP 562).
+# name -> (module, attribute): imported on first access (PEP 562). Even the recorder and
+# the tables (numpy) wait for first use: `stepscope --help` and every other CLI start
+# import this package first, and the CLI's start-up is measured (benchmarks/cli_start.py).
 _LAZY = {
+    "Recorder": ("stepscope.recorder", "Recorder"),
+    "Step": ("stepscope.recorder", "Step"),
+    "RunDir": ("stepscope.store", "RunDir"),
+    "RunMeta": ("stepscope.schema", "RunMeta"),
+    "StepTable": ("stepscope.schema", "StepTable"),
+    "EventTable": ("stepscope.schema", "EventTable"),
+    "Finding": ("stepscope.analysis.findings", "Finding"),
     "summarize": ("stepscope.analysis.summary", "summarize"),
     "diagnose": ("stepscope.analysis.diagnose", "diagnose"),
     "compare_runs": ("stepscope.analysis.compare", "compare_runs"),
@@ -68,8 +74,12 @@ _LAZY = {
 if TYPE_CHECKING:
     from .analysis.compare.runs import compare_runs
     from .analysis.diagnose import diagnose
+    from .analysis.findings import Finding
     from .analysis.summary import summarize
     from .analysis.trace.breakdown import analyze as analyze_trace
+    from .recorder import Recorder, Step
+    from .schema import EventTable, RunMeta, StepTable
+    from .store import RunDir
     from .traces import read_trace
 
 
@@ -82,3 +92,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -14,18 +14,72 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .schema import NAN_MEANS_MISSING, AnyArray
+from .schema import NAN_MEANS_MISSING, STEP_COLUMN_NAMES, AnyArray
 
-__all__ = ["UNSET", "rows_to_records", "encode_nonfinite", "encode_value"]
+__all__ = ["UNSET", "RowLayout", "rows_to_records", "encode_nonfinite", "encode_value"]
 
 # Marks a slot nothing was recorded in. Distinct from NaN so that a NaN the training
 # produced (loss=nan) is written as "NaN" and not confused with "not measured".
 UNSET = -sys.float_info.max
+
+
+# Phase names accepted by Step.phase / Recorder.add_time / record_step, and their columns.
+PHASE_COLUMNS = {
+    "data": "data_wait_s", "data_wait": "data_wait_s", "forward": "forward_s",
+    "backward": "backward_s", "optimizer": "optimizer_s", "comm": "comm_s",
+    "comm_exposed": "comm_exposed_s", "tool": "tool_s",
+}
+MAX_EXTRA = 32  # metrics beyond the schema's columns, per recorder
+
+
+class RowLayout:
+    """Which slot of a row holds which column: the schema's, then extras on first use."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = list(STEP_COLUMN_NAMES)
+        self.slots: dict[str, int] = {n: i for i, n in enumerate(self.names)}
+        self.blank = [UNSET] * (len(self.names) + MAX_EXTRA)
+        self._phases = {p: self.slots[c] for p, c in PHASE_COLUMNS.items()}
+
+    def slot(self, name: str) -> int:
+        """The slot of column ``name`` (added as an extra); -1 once extras are full."""
+        col = self.slots.get(name)
+        if col is None:
+            if len(self.names) - len(STEP_COLUMN_NAMES) >= MAX_EXTRA:
+                warnings.warn(f"stepscope: more than {MAX_EXTRA} extra metrics; "
+                              f"dropping {name!r}", RuntimeWarning, stacklevel=4)
+                self.slots[name] = -1
+                return -1
+            col = self.slots[name] = len(self.names)
+            self.names.append(name)
+        return col
+
+    def phase_slot(self, phase: str) -> int:
+        """The slot of a phase's seconds (``forward`` -> ``forward_s``, any name -> +_s)."""
+        col = self._phases.get(phase)
+        return self.slot(f"{phase}_s") if col is None else col
+
+    def set_values(self, row: list[float], values: Mapping[str, Any]) -> None:
+        slots = self.slots
+        for k, v in values.items():
+            col = slots.get(k)
+            if col is None:
+                col = self.slot(k)
+            if col >= 0:
+                row[col] = v  # converted to float by the writer, off the hot path
+
+    def add_phases(self, row: list[float], phases: Mapping[str, float]) -> None:
+        for name, seconds in phases.items():
+            col = self.phase_slot(name)
+            if col >= 0:
+                v = row[col]
+                row[col] = seconds if v == UNSET else v + seconds
 
 
 def encode_nonfinite(v: float) -> str:

@@ -9,6 +9,8 @@ worker, so each rank instruments itself and writes its own ``steps/rank-N.jsonl`
 After the command exits, run.json gets its final status: a crash already recorded by the
 child (exception type and message) is kept; otherwise a non-zero exit marks the run
 failed with the exit code or signal, or with the first rank's crash from events.jsonl.
+The launcher analyses nothing: ``stepscope run`` analyses a captured profile after it
+returns (``LaunchOutcome.profile_dir``).
 
 Example::
 
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .integrations.torch.auto import parse_steps
+from .integrations.torch.settings import parse_steps
 from .schema import RunMeta
 from .store import RunDir, utc_stamp
 
@@ -72,7 +74,7 @@ class LaunchOutcome:
     status: str
     error: str | None
     profile_dir: Path | None = None
-    profile_analysis: dict[str, Any] = field(default_factory=dict)
+    profile_analysis: dict[str, Any] = field(default_factory=dict)  # filled by the CLI
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_dir": str(self.run_dir), "returncode": self.returncode,
@@ -105,7 +107,7 @@ def launch(command: Sequence[str], out: str | os.PathLike[str] | None = None, *,
                    config={"launcher": "stepscope run", "profile_steps": profile_steps})
     run = RunDir.create(path, meta)
     prof_dir = run.new_profile_dir() if profile_steps else None
-    boot = Path(tempfile.mkdtemp(prefix="stepscope-boot-"))
+    boot = Path(tempfile.mkdtemp(prefix="stepscope-boot-"))  # not in the run directory
     try:
         (boot / "sitecustomize.py").write_text(SITECUSTOMIZE)
         child_env = _child_env(boot, run.path, name, profile_steps, prof_dir, env)
@@ -113,13 +115,7 @@ def launch(command: Sequence[str], out: str | os.PathLike[str] | None = None, *,
     finally:
         shutil.rmtree(boot, ignore_errors=True)
     status, error = _finish(run, rc)
-    analysis: dict[str, Any] = {}
-    if prof_dir is not None:
-        analysis = analyze_profiles(prof_dir)
-        run.append_event({"type": "profile", "dir": str(prof_dir.relative_to(run.path)),
-                          "steps": profile_steps, "status": analysis.get("status"),
-                          "analysis_file": analysis.get("analysis_file")})
-    return LaunchOutcome(run.path, rc, status, error, prof_dir, analysis)
+    return LaunchOutcome(run.path, rc, status, error, prof_dir)
 
 
 def _child_env(boot: Path, run_path: Path, name: str, profile_steps: str | None,
@@ -193,39 +189,6 @@ def _first_crash(run: RunDir) -> tuple[int | None, str | None]:
             f"{', '.join(map(str, others))} stopped"
     rank = first.get("rank")
     return (int(rank) if isinstance(rank, int) else None), text
-
-
-def analyze_profiles(prof_dir: Path) -> dict[str, Any]:
-    """Run the trace analysis on the captured per-rank traces, when it is available.
-
-    The result is written beside the capture (``profiles/<stamp>.analysis.json``, outside
-    the capture directory so that trace readers never see it) and returned. Without the
-    trace reader, or on a reader error, the traces are simply archived; the dict says so.
-    """
-    files = sorted(p.name for p in prof_dir.glob("*.json"))
-    if not files:
-        return {"status": "no traces captured (did the run reach the profiled steps?)"}
-    try:
-        from .analysis.trace.breakdown import analyze
-        from .traces import read_trace
-    except ImportError:
-        return {"status": "archived (trace analysis not available)", "files": files}
-    out: dict[str, Any] = {"files": files}
-    try:
-        out["report"] = analyze(read_trace(prof_dir)).to_dict()
-        out["status"] = "analyzed"
-    except Exception as exc:  # archive anyway; say why the analysis failed
-        out["status"] = f"archived (analysis failed: {type(exc).__name__}: {exc})"
-    try:
-        import orjson
-
-        dest = prof_dir.with_name(prof_dir.name + ".analysis.json")
-        dest.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2
-                                      | orjson.OPT_SERIALIZE_NUMPY, default=str))
-        out["analysis_file"] = str(dest)
-    except OSError as exc:
-        out["write_error"] = str(exc)
-    return out
 
 
 def python_executable() -> str:

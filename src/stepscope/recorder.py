@@ -15,6 +15,14 @@ Example::
             s.log(loss=float(loss), lr=opt.param_groups[0]["lr"])
     rec.close()
 
+A step measured elsewhere (a framework's own timers, hooks) is handed over as numbers::
+
+    rec.record_step(t_start, t_end, tokens=4096, phases={"forward": 0.21, "backward": 0.40},
+                    values={"loss": 2.31, "lr": 3e-4})
+
+Both paths build the same row; :class:`stepscope.session.StepSession` adds what every
+adapter needs around it (loss check, memory, cross-rank view, profiler capture).
+
 What the times mean
 -------------------
 * ``step_time_s`` is host wall time from entering ``step()`` to leaving it, plus the data
@@ -39,40 +47,30 @@ import atexit
 import math
 import os
 import resource
-import threading
 import time
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._records import UNSET, encode_value, rows_to_records
+from ._records import UNSET, RowLayout, encode_value
+from ._writer import Listener, RowQueue
 from .schema import STEP_COLUMN_NAMES, RunMeta
-from .store import RunDir, StepFileWriter, is_run_dir, utc_stamp
+from .store import RunDir, utc_stamp
 
 __all__ = ["Recorder", "Step"]
 
 T = TypeVar("T")
 _NAN = math.nan
 _UNSET = UNSET  # a slot nothing was recorded in (see _records)
-_MAX_EXTRA = 32
 _COL = {name: i for i, name in enumerate(STEP_COLUMN_NAMES)}
 _I_RANK, _I_STEP = _COL["rank"], _COL["step"]
 _I_END, _I_WALL = _COL["end_s"], _COL["wall_time_s"]
 _I_STEP_TIME, _I_DATA = _COL["step_time_s"], _COL["data_wait_s"]
 _I_TOKENS, _I_SAMPLES, _I_SYNCED = _COL["tokens"], _COL["samples"], _COL["synced"]
-_I_CPU, _I_PREEMPT = _COL["cpu_s"], _COL["preempt"]
-# Phase names accepted by Step.phase / Recorder.add_time and their columns.
-_PHASE_COL = {
-    "data": _I_DATA, "data_wait": _I_DATA,
-    "forward": _COL["forward_s"], "backward": _COL["backward_s"],
-    "optimizer": _COL["optimizer_s"], "comm": _COL["comm_s"],
-    "comm_exposed": _COL["comm_exposed_s"], "tool": _COL["tool_s"],
-}
-_I_TOOL = _COL["tool_s"]
+_I_CPU, _I_PREEMPT, _I_TOOL = _COL["cpu_s"], _COL["preempt"], _COL["tool_s"]
 
 
 def _env_rank() -> int:
@@ -178,17 +176,13 @@ class Recorder:
         self._sync = sync
         self._sync_every = max(1, int(sync_every))
         self._sync_now = False
-        self.run = self._open_run(Path(run_dir), meta)
-        self._writer = StepFileWriter(self.run.steps_path(self.rank))
-        self._ncols = len(STEP_COLUMN_NAMES) + _MAX_EXTRA
-        self._names: list[str] = list(STEP_COLUMN_NAMES)
-        self._colmap: dict[str, int] = dict(_COL)  # name -> slot, extras added on first use
-        # Closed rows are appended here by the training thread and popped by the writer;
-        # deque.append/popleft are atomic, so no lock is taken on the hot path.
-        self._queue: deque[list[float]] = deque()
-        self._blank = [_UNSET] * self._ncols
+        self.run = RunDir.for_recorder(Path(run_dir), _as_meta(Path(run_dir), meta), self.rank)
+        self._layout = RowLayout()  # column -> slot; extras added on first use
+        self._queue = RowQueue(self.run.steps_path(self.rank), self._layout.names,
+                               rank=self.rank, flush_interval_s=flush_interval_s,
+                               capacity=capacity, background=background)
+        self._blank = self._layout.blank
         self._row = self._blank.copy()
-        self._soft_limit = max(16, int(capacity))
         self.dropped = 0  # records lost to I/O errors (see StepFileWriter)
         self._open = False
         self._t_start = 0.0
@@ -196,49 +190,10 @@ class Recorder:
         self._pending_wait = 0.0
         self._pending_tool = 0.0
         self._next_step = int(start_step)
-        self._late: list[dict[str, Any]] = []
-        self._late_lock = threading.Lock()
         self._phases: dict[str, _Phase] = {}
         self._handle = Step(self)
         self._closed = False
-        self._flush_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._interval = float(flush_interval_s)
-        self._thread: threading.Thread | None = None
-        if background:
-            self._thread = threading.Thread(target=self._writer_loop, daemon=True,
-                                            name=f"stepscope-writer-{self.rank}")
-            self._thread.start()
         _LIVE.add(self)
-
-    # -- set-up ----------------------------------------------------------------------
-    def _open_run(self, path: Path, meta: RunMeta | Mapping[str, Any] | None) -> RunDir:
-        if isinstance(meta, RunMeta):
-            m = meta
-        else:
-            d = dict(meta or {})
-            d.setdefault("run_id", path.name or "run")
-            m = RunMeta.from_dict(d)
-        if not m.created_utc:
-            m.created_utc = utc_stamp()
-        if self.rank != 0:
-            run = RunDir(path)
-            run.steps_path(self.rank).parent.mkdir(parents=True, exist_ok=True)
-            return run
-        if is_run_dir(path):  # resumed or pre-created (e.g. by `stepscope run`)
-            run = RunDir(path)
-            try:
-                old = run.read_meta()
-                for key in ("baseline", "environment", "config"):
-                    getattr(old, key).update(getattr(m, key))
-                old.status = "running"
-                if m.name:
-                    old.name = m.name
-                run.write_meta(old)
-                return run
-            except Exception:  # corrupt run.json: start it anew, records are kept
-                pass
-        return RunDir.create(path, m)
 
     # -- hot path ----------------------------------------------------------------------
     def step(self, tokens: float = _UNSET, samples: float = _UNSET) -> Step:
@@ -261,46 +216,77 @@ class Recorder:
         """Close the open step and publish its row to the writer thread."""
         if not self._open:
             return
-        if self._sync_now:
+        synced = self._sync_now
+        if synced:
             self._safe_sync()
         t1 = self._clock()
-        row = self._row
-        wait = self._pending_wait
-        self._pending_wait = 0.0
-        row[_I_STEP_TIME] = t1 - self._t_start + wait
-        if self._pending_tool:
-            tool = self._pending_tool
-            self._pending_tool = 0.0
-            row[_I_STEP_TIME] += tool
-            v = row[_I_TOOL]
-            row[_I_TOOL] = tool if v == _UNSET else v + tool
-        if wait:
-            v = row[_I_DATA]
-            row[_I_DATA] = wait if v == _UNSET else v + wait
+        self._sync_now = False
+        self._open = False
+        self._publish(self._row, t1 - self._t_start, t1, self._wall(), synced)
+
+    def record_step(self, start_s: float, end_s: float, *, wall_end_s: float | None = None,
+                    tokens: float = _UNSET, samples: float = _UNSET,
+                    phases: Mapping[str, float] | None = None,
+                    values: Mapping[str, float] | None = None, synced: bool = False) -> int:
+        """Record a step that is already measured; returns its index.
+
+        ``start_s``/``end_s``: the step's bounds on this recorder's clock (``perf_counter``
+        seconds by default); ``step_time_s`` is their difference. ``wall_end_s``: epoch
+        seconds at the end (default: read now). ``phases``: seconds per phase (``data``,
+        ``forward``, ``backward``, ``optimizer``, ``comm``, ``comm_exposed``, ``tool``; any
+        other name becomes ``<name>_s``). ``values``: ``loss``, ``lr``, any metric; a value
+        that is not a number is not recorded, a NaN follows the rules of ``log``.
+        ``synced``: the phase times are device times. As with ``step()``, data wait and
+        stepscope's own time given to ``add_time`` outside a step count in this step.
+
+        Example::
+
+            rec.record_step(10.0, 10.5, tokens=4096, phases={"forward": 0.2},
+                            values={"loss": 2.3})
+        """
+        if self._open:
+            self.end_step()
+        row = self._blank.copy()
+        row[_I_TOKENS] = tokens
+        row[_I_SAMPLES] = samples
+        if phases:
+            self._layout.add_phases(row, phases)
+        if values:
+            self._layout.set_values(row, values)
+        return self._publish(row, end_s - start_s, end_s,
+                             self._wall() if wall_end_s is None else wall_end_s, synced)
+
+    def _publish(self, row: list[float], step_time: float, t_end: float, wall: float,
+                 synced: bool) -> int:
+        """Fill the row's bookkeeping columns and queue it (both recording paths)."""
+        wait, tool = self._pending_wait, self._pending_tool
+        if wait or tool:  # measured between steps: it belongs to this one
+            self._pending_wait = self._pending_tool = 0.0
+            step_time += wait + tool
+            for col, extra in ((_I_DATA, wait), (_I_TOOL, tool)):
+                if extra:
+                    v = row[col]
+                    row[col] = extra if v == _UNSET else v + extra
+        step = self._next_step
+        row[_I_STEP_TIME] = step_time
         row[_I_RANK] = self.rank
-        row[_I_STEP] = self._next_step
-        row[_I_END] = t1 - self._t0
-        row[_I_WALL] = self._wall()
-        row[_I_SYNCED] = 1.0 if self._sync_now else 0.0
+        row[_I_STEP] = step
+        row[_I_END] = t_end - self._t0
+        row[_I_WALL] = wall
+        row[_I_SYNCED] = 1.0 if synced else 0.0
         if self._usage is not None:
             u = self._usage()
             row[_I_CPU] = u[0] - self._usage_last[0]
             row[_I_PREEMPT] = u[1] - self._usage_last[1]
             self._usage_last = u
-        self._sync_now = False
-        self._open = False
-        self._next_step += 1
-        self._queue.append(row)
-        if len(self._queue) > self._soft_limit:  # wake the writer early
-            self._wake.set()
+        self._next_step = step + 1
+        self._queue.put(row)
+        return step
 
     def _phase(self, name: str) -> _Phase:
         p = self._phases.get(name)
         if p is None:
-            col = _PHASE_COL.get(name)
-            if col is None:
-                col = self._extra_col(f"{name}_s")
-            p = self._phases[name] = _Phase(self, col)
+            p = self._phases[name] = _Phase(self, self._layout.phase_slot(name))
         return p
 
     def add_time(self, phase: str, seconds: float) -> None:
@@ -316,9 +302,7 @@ class Recorder:
             elif phase == "tool":
                 self._pending_tool += seconds
             return
-        col = _PHASE_COL.get(phase)
-        if col is None:
-            col = self._extra_col(f"{phase}_s")
+        col = self._layout.phase_slot(phase)
         if col < 0:
             return
         v = self._row[col]
@@ -331,14 +315,7 @@ class Recorder:
         (written as a separate record that readers merge by (rank, step)).
         """
         if self._open:
-            row = self._row
-            colmap = self._colmap
-            for k, v in values.items():
-                col = colmap.get(k)
-                if col is None:
-                    col = self._extra_col(k)
-                if col >= 0:
-                    row[col] = v  # converted to float by the writer, off the hot path
+            self._layout.set_values(self._row, values)
             return
         if self._next_step == 0:
             return
@@ -347,20 +324,7 @@ class Recorder:
             enc = encode_value(k, v)
             if enc is not None:
                 rec[k] = enc
-        with self._late_lock:
-            self._late.append(rec)
-
-    def _extra_col(self, name: str) -> int:
-        col = self._colmap.get(name)
-        if col is None:
-            if len(self._names) - len(STEP_COLUMN_NAMES) >= _MAX_EXTRA:
-                warnings.warn(f"stepscope: more than {_MAX_EXTRA} extra metrics; "
-                              f"dropping {name!r}", RuntimeWarning, stacklevel=3)
-                self._colmap[name] = -1
-                return -1
-            col = self._colmap[name] = len(self._names)
-            self._names.append(name)
-        return col
+        self._queue.put_late(rec)
 
     def _safe_sync(self) -> None:
         try:
@@ -387,48 +351,18 @@ class Recorder:
     def steps_recorded(self) -> int:
         return self._next_step
 
-    @property
-    def pending_data_wait(self) -> float:
-        """Data wait measured since the last step closed (it goes to the next step)."""
-        return self._pending_wait
-
-    def open_value(self, name: str) -> float:
-        """A column's value in the open step so far (NaN when unset or no step is open)."""
-        col = self._colmap.get(name, -1)
-        if not self._open or col < 0 or self._row[col] == _UNSET:
-            return _NAN
-        return float(self._row[col])
-
     # -- writer side -------------------------------------------------------------------
-    def _take(self) -> list[dict[str, Any]]:
-        q = self._queue
-        rows = []
-        while True:
-            try:
-                rows.append(q.popleft())
-            except IndexError:
-                break
-        out = rows_to_records(rows, self._names)
-        with self._late_lock:
-            late, self._late = self._late, []
-        out.extend(late)
-        return out
+    def add_listener(self, fn: Listener) -> None:
+        """Call ``fn(records)`` with each batch of step records, on the writer thread.
+
+        The seam for live rules: they see every row as written, never on the training
+        thread. A listener that raises is warned about once and no longer called.
+        """
+        self._queue.add_listener(fn)
 
     def flush(self) -> None:
         """Write everything recorded so far (called by the writer thread and ``close``)."""
-        with self._flush_lock:
-            records = self._take()
-            if records:
-                self._writer.write(records)
-
-    def _writer_loop(self) -> None:
-        while not self._closed:
-            self._wake.wait(self._interval)
-            self._wake.clear()
-            try:
-                self.flush()
-            except Exception as exc:  # pragma: no cover - defensive: never kill training
-                warnings.warn(f"stepscope: writer error: {exc}", RuntimeWarning, stacklevel=1)
+        self._queue.flush()
 
     def close(self, status: str = "finished", error: str | None = None) -> None:
         """Flush, stop the writer and (rank 0) mark run.json ``finished`` or ``failed``."""
@@ -436,13 +370,8 @@ class Recorder:
             return
         self.end_step()
         self._closed = True
-        self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
-        self.flush()
-        self._writer.close()
-        if self._writer.dropped:
-            self.dropped += self._writer.dropped
+        self._queue.close()
+        self.dropped += self._queue.dropped
         if self.rank == 0:
             try:
                 self.run.update_meta(status=status, error=error,
@@ -461,6 +390,18 @@ class Recorder:
             self.close()
         else:
             self.close(status="failed", error=f"{et.__name__}: {e}")
+
+
+def _as_meta(path: Path, meta: RunMeta | Mapping[str, Any] | None) -> RunMeta:
+    if isinstance(meta, RunMeta):
+        m = meta
+    else:
+        d = dict(meta or {})
+        d.setdefault("run_id", path.name or "run")
+        m = RunMeta.from_dict(d)
+    if not m.created_utc:
+        m.created_utc = utc_stamp()
+    return m
 
 
 def _rusage() -> tuple[float, float]:

@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import warnings
@@ -223,6 +224,29 @@ class RunDir:
         return run
 
     @classmethod
+    def for_recorder(cls, path: str | os.PathLike[str], meta: RunMeta, rank: int) -> RunDir:
+        """The run a rank records into: rank 0 creates it or, when it exists (resumed, or
+        pre-created by `stepscope run`), merges ``meta`` into it and marks it running;
+        other ranks only make sure their step file's directory exists."""
+        run = cls(path)
+        if rank != 0:
+            run.steps_path(rank).parent.mkdir(parents=True, exist_ok=True)
+            return run
+        if is_run_dir(run.path):
+            try:
+                old = run.read_meta()
+                for key in ("baseline", "environment", "config"):
+                    getattr(old, key).update(getattr(meta, key))
+                old.status = "running"
+                if meta.name:
+                    old.name = meta.name
+                run.write_meta(old)
+                return run
+            except Exception:  # corrupt run.json: start it anew, records are kept
+                pass
+        return cls.create(run.path, meta)
+
+    @classmethod
     def open(cls, path: str | os.PathLike[str]) -> RunDir:
         run = cls(path)
         if not run.path.exists():
@@ -288,6 +312,19 @@ class RunDir:
         self.write_meta(meta)
         return meta
 
+    def write_report(self, html: str, out: str | os.PathLike[str] | None = None) -> Path:
+        """Write the rendered report to ``report.html`` (or ``out``); atomic replace."""
+        path = Path(out) if out is not None else self.report_path
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(html, encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise RunDirError(f"cannot write {path}: {exc}") from exc
+        return path
+
     # -- step records ----------------------------------------------------------------
     def step_files(self) -> list[Path]:
         return sorted((self.path / STEPS_DIR).glob("rank-*.jsonl"))
@@ -343,6 +380,20 @@ class RunDir:
         d = self.path / PROFILES_DIR / (stamp or utc_stamp())
         d.mkdir(parents=True, exist_ok=True)
         return d
+
+    def write_profile_file(self, directory: Path, name: str, data: bytes) -> Path:
+        """Write ``name`` into ``directory`` (a profile archived under this run)."""
+        dest = Path(directory) / name
+        dest.write_bytes(data)
+        return dest
+
+    def write_profile_analysis(self, profile_dir: Path, analysis: Mapping[str, Any]) -> Path:
+        """``profiles/<stamp>.analysis.json`` beside the capture (outside it, so trace
+        readers never see it)."""
+        dest = Path(profile_dir).with_name(Path(profile_dir).name + ".analysis.json")
+        dest.write_bytes(orjson.dumps(dict(analysis), option=orjson.OPT_INDENT_2
+                                      | orjson.OPT_SERIALIZE_NUMPY, default=str))
+        return dest
 
     def profile_dirs(self) -> list[Path]:
         root = self.path / PROFILES_DIR

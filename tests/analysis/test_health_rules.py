@@ -6,6 +6,8 @@ Step 0 is always slow (1.0 s) so warm-up exclusion has something to exclude.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -271,6 +273,33 @@ def test_straggler_rank_is_named_with_score() -> None:
     # own time: rank 0 0.15 - 0.052 = 0.098, rank 1 0.15 - 0.002 = 0.148; ref = faster
     assert f.evidence["score"] == pytest.approx(0.098 / 0.148)
     assert f.evidence["phase"] == "forward"
+
+
+def test_one_straggler_score_for_health_cross_rank_and_trace() -> None:
+    """The reference is the lower median: two ranks -> the faster; four -> the second
+    fastest (not the mean of the middle two); NaN and non-positive times get no score."""
+    from stepscope.analysis.health.config import HealthConfig, straggler_scores
+    from stepscope.integrations.common.crossrank import (
+        STRAGGLER_THRESHOLD,
+        cross_rank_event,
+        stragglers,
+    )
+
+    assert straggler_scores({0: 0.1, 1: 0.2}) == {0: 1.0, 1: 0.5}
+    assert straggler_scores({0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: math.nan, 5: 0.0}) == {
+        0: 2.0, 1: 1.0, 2: pytest.approx(2 / 3), 3: 0.5}
+    assert straggler_scores({}) == straggler_scores({0: math.nan}) == {}
+    cfg = HealthConfig()
+    assert STRAGGLER_THRESHOLD == cfg.straggler_score == 0.8
+    assert cfg.stragglers({0: 1.0, 1: 0.8, 2: 0.79}) == stragglers({0: 1.0, 1: 0.8, 2: 0.79})
+    assert cfg.stragglers({0: 1.0, 1: 0.8, 2: 0.79}) == [2]
+    ev = cross_rank_event(5, ("compute_s",), [[0.1], [0.13]], "compute_s")
+    assert (ev["stragglers"], ev["threshold"]) == ([1], 0.8)
+    # the health rule scores the same way: own work 0.13 - 0.032 vs 0.13 - 0.002 -> 0.77
+    (f,) = [f for f in check_health(_two_ranks(0.03, 0.032)) if f.category == "straggler"]
+    meds = {int(r): v for r, v in f.evidence["per_rank_median_s"].items()}
+    assert f.evidence["score"] == pytest.approx(straggler_scores(meds)[1])
+    assert f.evidence["score"] == pytest.approx(0.098 / 0.128)
 
 
 def test_balanced_ranks_have_no_straggler() -> None:

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from stepscope.analysis.summary import steady_mask, summarize
+from stepscope.analysis.summary import run_mfu, steady_mask, summarize
+from stepscope.calc.flops import mfu
 from stepscope.schema import RunMeta, StepTable
 
 
@@ -68,6 +69,24 @@ def test_mfu_and_hfu_from_run_metadata() -> None:
     assert "palm" in s.mfu_note
     s = summarize(t, RunMeta(run_id="x", environment={"flops_per_token": 6e6}))
     assert s.mfu is None and "peak" in s.mfu_note
+
+
+def test_one_mfu_for_the_sheet_and_a_live_throughput() -> None:
+    """run_mfu (the sheet's, the index's and the demo's progress line's) is the calculator's
+    formula over run.json's numbers; devices from run.json, else the ranks given."""
+    env = {"flops_per_token": 6e6, "peak_flops_per_device": 1e10}
+    one = RunMeta(run_id="x", environment=env)
+    assert run_mfu(2500.0, one)[0] == pytest.approx(mfu(2500.0, 6e6, 1e10, 1)) == 1.5
+    assert run_mfu(2500.0, one, ranks=4)[:2] == (pytest.approx(0.375), pytest.approx(0.375))
+    eight = RunMeta(run_id="x", baseline={"num_devices": 8}, environment=env)
+    assert run_mfu(2500.0, eight, ranks=4)[0] == pytest.approx(2500 * 6e6 / (8 * 1e10))
+    for tps, meta, why in ((0.0, one, "no token counts"), (math.nan, one, "no token counts"),
+                           (10.0, None, "FLOPs per token unknown"),
+                           (10.0, RunMeta(run_id="x", environment={"flops_per_token": 6e6,
+                                                                  "peak_flops_per_device": -1}),
+                            "peak FLOP/s unknown")):
+        got = run_mfu(tps, meta)
+        assert got[:2] == (None, None) and why in got[2]
 
 
 def test_loss_perplexity_and_missing_layers() -> None:

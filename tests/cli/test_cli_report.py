@@ -110,3 +110,24 @@ def test_demo_slow_data_walks_through_the_isolation_story(tmp_path: Path) -> Non
         assert line in proc.stderr
     assert any(f["rule"] == "isolation.data" for f in sheet["findings"])
     assert "Isolation experiment (slow data)" in (out / "report.html").read_text()
+
+
+def test_report_html_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    """The store writes report.html; a path it cannot write is an error a user can act on."""
+    from stepscope.recorder import Recorder
+
+    run = tmp_path / "run"
+    t = [0.0]
+    rec = Recorder(run, clock=lambda: t[0], background=False)
+    for _ in range(3):
+        with rec.step(tokens=10, samples=1):
+            t[0] += 0.1
+    rec.close()
+    proc = stepscope("report", str(run), "--html", str(tmp_path / "no" / "such" / "r.html"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("stepscope: error: cannot write")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = stepscope("report", str(run))
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "report.html").read_text().startswith("<!doctype html>")
+    assert not list(run.glob(".report.html.*"))  # the atomic write leaves no temp file

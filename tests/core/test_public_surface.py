@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 
 import stepscope
-from stepscope.cli import _register, cli
+from stepscope.cli import COMMANDS, _register, cli
+from support.traces import cpu_step_events, thread_name, write_trace
 
 PUBLIC = {
     "__version__", "Recorder", "Step", "RunDir", "RunMeta", "StepTable", "EventTable",
@@ -203,14 +205,66 @@ def test_public_api_is_pinned() -> None:
         assert getattr(stepscope, name) is not None
 
 
+def _imported(code: str, *args: str) -> set[str]:
+    """The modules a fresh interpreter has imported after running ``code``."""
+    probe = (f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\n"
+             "sys.stderr.write('\\nMODULES ' + ' '.join(sorted(sys.modules)) + '\\n')")
+    res = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True,
+                         text=True, timeout=120)
+    line = [x for x in res.stderr.splitlines() if x.startswith("MODULES ")]
+    assert line, res.stderr
+    return set(line[-1].split()[1:])
+
+
+def _heavy(mods: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in mods if m.split(".")[0] in names or m in names
+                  or any(m.startswith(n + ".") for n in names))
+
+
+CLI_CALL = "from stepscope.cli import main; sys.argv[0] = 'stepscope'; main()"
+
+
 def test_import_stepscope_stays_light() -> None:
-    """The bootstrap imports stepscope in every training process: no analysis, no torch."""
-    code = ("import sys, stepscope; heavy = [m for m in ('torch', 'mindspore', 'matplotlib', "
-            "'stepscope.analysis.diagnose', 'stepscope.traces') if m in sys.modules]; "
-            "print(heavy)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60).stdout.strip()
-    assert out == "[]"
+    """The bootstrap imports stepscope in every training process, and every CLI start
+    does: no numpy, no analysis, no torch until a name is used."""
+    mods = _imported("import stepscope")
+    assert _heavy(mods, ("torch", "mindspore", "matplotlib", "numpy", "rich",
+                         "stepscope.analysis", "stepscope.traces", "stepscope.recorder")) == []
+    assert stepscope.Recorder.__module__ == "stepscope.recorder"  # lazily, on first use
+
+
+def test_help_imports_no_command() -> None:
+    """`stepscope --help` lists every command without importing one (benchmarks/cli_start.py
+    measures the start-up this buys)."""
+    mods = _imported(CLI_CALL, "--help")
+    assert _heavy(mods, ("numpy", "matplotlib", "rich", "torch", "mindspore", "orjson",
+                         "stepscope.analysis", "stepscope.store", "stepscope.calc")) == []
+    assert not [m for m in mods if m.startswith("stepscope.cli.")]
+
+
+def test_trace_imports_only_what_it_uses(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.json", [thread_name(2, "main")] + cpu_step_events())
+    mods = _imported(CLI_CALL, "trace", str(trace), "--json")
+    assert "stepscope.analysis.trace.breakdown" in mods  # it did run
+    assert _heavy(mods, ("matplotlib", "rich", "torch", "mindspore", "stepscope.report",
+                         "stepscope.analysis.diagnose", "stepscope.analysis.health.check",
+                         "stepscope.analysis.summary", "stepscope.analysis.compare",
+                         "stepscope.calc", "stepscope.recorder", "stepscope.index")) == []
+    assert not [m for m in mods if m.startswith("stepscope.cli.") and m not in (
+        "stepscope.cli.trace", "stepscope.cli.common")]
+
+
+def test_help_lines_of_unloaded_commands_match_their_docstrings() -> None:
+    """The lazy group's table says what each command's own docstring says."""
+    _register()
+    assert set(COMMANDS) == set(cli.commands)
+    for name, (module, line) in COMMANDS.items():
+        cmd = cli.commands[name]
+        assert cmd.callback is not None
+        assert cmd.callback.__module__ == f"stepscope.cli.{module}"
+        for limit in (45, 80, 200):
+            assert click.Command(name, help=line).get_short_help_str(limit) == \
+                cmd.get_short_help_str(limit), name
 
 
 def _surface(group: click.Group, prefix: str = "") -> dict[str, tuple[str, ...]]:

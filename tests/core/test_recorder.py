@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stepscope import Recorder, RunDir
@@ -153,7 +155,7 @@ def test_unwritable_run_directory_does_not_stop_training(tmp_path: Path) -> None
         f.unlink()
     steps_dir.rmdir()
     steps_dir.write_text("not a directory")
-    rec._writer.close()
+    rec._queue._file.close()  # drop the open file: the next write reopens and fails
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(50):
@@ -250,3 +252,81 @@ def test_unknown_passed_as_nan_is_not_recorded_as_a_nan(tmp_path: Path) -> None:
     assert not [c for c in table.columns if c.endswith("_nan") and c != "grad_norm_nan"]
     assert table["grad_norm_nan"].tolist() == [0.0, 1.0]
     assert not table.has_data("tokens") and not table.has_data("lr")
+
+
+def test_record_step_writes_the_measured_numbers_as_given(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "run", clock=FakeClock(), background=False, no_usage=True)
+    step = rec.record_step(101.0, 101.75, wall_end_s=7.0, tokens=4096, samples=8,
+                           phases={"data_wait": 0.125, "forward": 0.25, "backward": 0.25,
+                                   "optimizer": 0.0625, "tool": 0.03125, "fetch": 0.5},
+                           values={"loss": 2.5, "lr": 1e-3, "grad_norm": 0.75,
+                                   "accuracy": 0.5})
+    assert step == 0
+    rec.close()
+    table, _ = RunDir.open(tmp_path / "run").read_steps()
+    row = {k: table[k].tolist()[0] for k in (
+        "rank", "step", "step_time_s", "end_s", "wall_time_s", "tokens", "samples",
+        "data_wait_s", "forward_s", "backward_s", "optimizer_s", "tool_s", "fetch_s",
+        "loss", "lr", "grad_norm", "accuracy", "synced")}
+    assert row == {"rank": 0, "step": 0, "step_time_s": 0.75, "end_s": 1.75,
+                   "wall_time_s": 7.0, "tokens": 4096.0, "samples": 8.0,
+                   "data_wait_s": 0.125, "forward_s": 0.25, "backward_s": 0.25,
+                   "optimizer_s": 0.0625, "tool_s": 0.03125, "fetch_s": 0.5, "loss": 2.5,
+                   "lr": 1e-3, "grad_norm": 0.75, "accuracy": 0.5, "synced": 0.0}
+
+
+def test_record_step_follows_the_nan_and_unset_rules_of_the_step_path(tmp_path: Path) -> None:
+    """The same inputs through step() and record_step() give the same records."""
+    clk = FakeClock()
+    a = Recorder(tmp_path / "a", clock=clk, wall_clock=lambda: 3.0, background=False,
+                 no_usage=True)
+    b = Recorder(tmp_path / "b", clock=clk, wall_clock=lambda: 3.0, background=False,
+                 no_usage=True)
+    values = {"loss": math.nan, "lr": math.nan, "grad_norm": math.inf, "bad": "x"}
+    for rec in (a, b):
+        clk.tick(1.0)
+        rec.add_time("data_wait", 0.5)  # measured before the step: counts in it
+    t0 = clk()
+    with a.step(tokens=16):
+        with a._handle.phase("forward"):
+            clk.tick(0.25)
+        a.log(**values)  # type: ignore[arg-type]
+    b.record_step(t0, clk(), tokens=16, phases={"forward": 0.25},
+                  values=values)  # type: ignore[arg-type]
+    for rec in (a, b):
+        rec.close()
+    ta, _ = RunDir.open(tmp_path / "a").read_steps()
+    tb, _ = RunDir.open(tmp_path / "b").read_steps()
+    assert sorted(ta.columns) == sorted(tb.columns)
+    for col in ta.columns:
+        assert np.array_equal(ta[col], tb[col], equal_nan=True), col
+    assert tb["step_time_s"].tolist() == [0.75] and tb["data_wait_s"].tolist() == [0.5]
+    assert bool(tb["loss_nan"][0]) and "lr_nan" not in tb.columns  # lr NaN = not known
+    assert "bad" not in tb.columns
+
+
+def test_listeners_see_every_record_on_the_writer_thread(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "run", clock=FakeClock(), flush_interval_s=0.01)
+    seen: list[tuple[str, list[int]]] = []
+    done = threading.Event()
+
+    def listener(records: list[dict[str, object]]) -> None:
+        seen.append((threading.current_thread().name,
+                     [int(r["step"]) for r in records if "step_time_s" in r]))  # type: ignore[call-overload]
+        if sum(len(s) for _, s in seen) >= 3:
+            done.set()
+
+    def broken(records: list[dict[str, object]]) -> None:
+        raise RuntimeError("a live rule with a bug")
+
+    rec.add_listener(broken)
+    rec.add_listener(listener)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(3):
+            rec.record_step(float(i), float(i) + 0.5, values={"loss": 1.0})
+        assert done.wait(10.0)
+        rec.close()
+    assert [s for _, steps in seen for s in steps] == [0, 1, 2]
+    assert {name for name, _ in seen} == {"stepscope-writer-0"}
+    assert len([w for w in caught if "no longer called" in str(w.message)]) == 1

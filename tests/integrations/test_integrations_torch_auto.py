@@ -141,7 +141,7 @@ def test_max_steps_stops_cleanly(tmp_path):
 def test_profile_steps_archives_a_trace(tmp_path):
     out = tmp_path / "prof"
     proc = stepscope_run(out, *python_script("torch_plain.py", "--steps", "6"),
-                         args=("--profile-steps", "2:4", "--json"))
+                         args=("--profile-steps", "2:3", "--json"))  # 2 and 3, both ends
     assert proc.returncode == 0, proc.stderr
     dirs = RunDir(out).profile_dirs()
     assert len(dirs) == 1
@@ -158,7 +158,7 @@ def test_profile_steps_archives_a_trace(tmp_path):
     assert report == json.loads(Path(outcome["profile_analysis"]["analysis_file"]).read_text(
     ))["report"]
     events, _ = RunDir(out).read_events(type="profile")
-    assert events[0]["status"] == "analyzed" and events[0]["steps"] == "2:4"
+    assert events[0]["status"] == "analyzed" and events[0]["steps"] == "2:3"
 
 
 def test_bad_profile_steps_is_a_one_line_error(tmp_path):
@@ -202,11 +202,12 @@ def test_grad_scaler_scale_overflow_and_unscaled_loss(tmp_path):
 def test_parse_steps_and_settings_from_env(monkeypatch):
     from stepscope.integrations.torch.auto import Settings, parse_steps
 
-    assert parse_steps("3:5") == (3, 5)
-    assert parse_steps("7") == (7, 8)
+    # "a:b" has both ends included (stepscope._ranges); the profiler window is half-open
+    assert parse_steps("3:5") == (3, 6)
+    assert parse_steps("7") == parse_steps("7:7") == (7, 8)
     assert parse_steps("") is None
     with pytest.raises(ValueError):
-        parse_steps("5:5")
+        parse_steps("5:4")
     monkeypatch.delenv("STEPSCOPE_RUN_DIR", raising=False)
     assert Settings.from_env() is None
     monkeypatch.setenv("STEPSCOPE_RUN_DIR", "/tmp/x")
@@ -217,7 +218,7 @@ def test_parse_steps_and_settings_from_env(monkeypatch):
     s = Settings.from_env()
     assert s is not None
     assert (s.run_dir, s.max_steps, s.replay_data, s.profile_steps, s.tokens_per_step) == (
-        "/tmp/x", 9, True, (2, 4), 2048.0)
+        "/tmp/x", 9, True, (2, 5), 2048.0)
 
 
 def test_replay_cycles_first_batches_and_ends_epoch():

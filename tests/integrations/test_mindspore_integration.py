@@ -21,7 +21,7 @@ from stepscope.cli import cli
 from stepscope.schema import EVENT_KINDS, EventTable
 from stepscope.store import RunDir
 from stepscope.traces import mindspore as msr
-from stepscope.traces.mindspore_phases import PHASE_NAMES, annotate, op_phase
+from stepscope.traces.mindspore_phases import PHASE_NAMES, annotate, op_phase, phase_busy_us
 
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.xdist_group("mindspore"), pytest.mark.mindspore, pytest.mark.slow]
@@ -103,7 +103,8 @@ def test_model_train_callback_and_profile(tmp_path: Path) -> None:
     assert (inferred.step + 2).tolist() == ops.step.tolist()
     events, _ = RunDir.open(run_dir).read_events("profile")
     assert [e["steps"] for e in events] == [[2, 4]]
-    assert set(events[0]["phase_busy_us"]) == {"2", "3", "4"}
+    assert (run_dir / events[0]["path"] / "stepscope_steps.json").is_file()
+    assert set(phase_busy_us(t)) == {2, 3, 4}  # read afterwards, not in the trainer
     sheet = _report_json(run_dir)
     assert sheet["steps"] == 8
 
@@ -174,11 +175,11 @@ def test_msrun_two_workers(tmp_path: Path) -> None:
     assert [g["step"] for g in gathers] == [3, 7, 11]
     # rank 1 sleeps 100 ms per step in its compute phase; rank 0 waits for it in the
     # all-reduce ("comm", not compute). Timings on this shared 2-core machine are noisy, so
-    # the check is the ordering, not the threshold (with two ranks the median reference is
-    # their mean: flagging needs rank 1 > 2.5x rank 0).
+    # the check is the ordering, not the threshold (with two ranks the reference is the
+    # faster rank, scored 1.0: flagging needs rank 1 > 1.25x rank 0).
     for g in gathers:
         assert g["ranks"] == 2 and set(g["stragglers"]) <= {1}
-        assert g["straggler_scores"]["1"] < 1.0 < g["straggler_scores"]["0"]
+        assert g["straggler_scores"]["1"] < 1.0 == g["straggler_scores"]["0"]
     tables = _profile(run_dir)  # both ranks' profiles under one timestamped directory
     assert [int(t.rank[0]) for t in tables] == [0, 1]
     for t in tables:

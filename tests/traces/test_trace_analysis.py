@@ -90,6 +90,9 @@ def test_slowest_rank_and_the_phase_that_differs(tmp_path: Path) -> None:
     assert c is not None
     assert (c.slowest_rank, c.fastest_rank, c.slower_by_pct) == (1, 0, 20.0)
     assert (c.straggler_rank, c.differing_phase, c.phase_delta_us) == (1, "forward", 20.0)
+    # working time (step - exposed comm - idle) 90 vs 110 µs, health.config.straggler_scores:
+    # 0.82, above the one threshold 0.8, so diagnose calls no straggler
+    assert c.straggler_score == pytest.approx(90 / 110)
 
 
 def test_diff_of_two_traces(tmp_path: Path) -> None:

@@ -16,15 +16,15 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..calc.memory import estimate_memory
 from ..schema import RunMeta
 from .findings import Finding
 
-__all__ = ["Advice", "STAGES", "advise", "model_state_bytes"]
+__all__ = ["Advice", "STAGES", "advise"]
 
 STAGES: tuple[str, ...] = ("correctness", "data", "parallel_layout", "communication",
                            "memory", "precision")
@@ -154,38 +154,16 @@ def _framework(meta: RunMeta | None, framework: str | None) -> str:
     return _M if f.lower().startswith("mindspore") else _T
 
 
-def model_state_bytes(num_params: float, dp: int, zero_stage: int) -> float:
-    """Mixed-precision Adam model states per device: 2 (fp16 weights) + 2 (fp16 grads) +
-    12 (fp32 master weights, momentum, variance) bytes per parameter, with ZeRO stage 1/2/3
-    dividing the optimizer / +gradients / +weights parts by ``dp`` (Rajbhandari et al.,
-    ZeRO, 2020, Sec. 3: 16 Psi bytes). Used when ``stepscope.calc.memory`` is absent."""
-    w, g, o = 2.0 * num_params, 2.0 * num_params, 12.0 * num_params
-    dp = max(1, dp)
-    if zero_stage >= 1:
-        o /= dp
-    if zero_stage >= 2:
-        g /= dp
-    if zero_stage >= 3:
-        w /= dp
-    return w + g + o
-
-
 def _memory_note(meta: RunMeta | None) -> str | None:
     base = meta.baseline if meta else {}
     n = base.get("num_params")
     if not isinstance(n, (int, float)) or n <= 0:
         return None
     dp = int(base.get("dp") or base.get("num_devices") or 1)
-    try:  # the calculator's estimate (stepscope.calc.memory), imported lazily
-        mem: Any = importlib.import_module("stepscope.calc.memory")
-        z0, z3 = (float(mem.estimate_memory(num_params=n, dp=dp, zero_stage=z)
-                        .model_states_bytes) for z in (0, 3))
-        src = "stepscope.calc.memory"
-    except Exception:  # absent or a different signature: the ZeRO paper's formula
-        z0, z3 = model_state_bytes(n, dp, 0), model_state_bytes(n, dp, 3)
-        src = "ZeRO paper formula (16 bytes/param, mixed-precision Adam)"
+    z0, z3 = (estimate_memory(num_params=n, dp=dp, zero_stage=z).model_states_bytes
+              for z in (0, 3))
     return (f"model states ~{z0 / 2**30:.1f} GiB/device unsharded vs ~{z3 / 2**30:.1f} GiB "
-            f"with ZeRO-3 over dp={dp} ({src})")
+            f"with ZeRO-3 over dp={dp} (stepscope.calc.memory)")
 
 
 def advise(findings: Sequence[Finding], meta: RunMeta | None = None,

@@ -41,8 +41,6 @@ PERFORMANCE_CATEGORIES: tuple[str, ...] = (
 _TRACE_IDLE_WARN_PCT = 30.0
 # Exposed communication above 30% of the step (field report).
 _TRACE_COMM_WARN_PCT = 30.0
-# Slowest rank's median step 25% above the fastest: the health rules' straggler threshold.
-_TRACE_SLOW_RANK_PCT = 25.0
 
 
 @dataclass
@@ -66,7 +64,21 @@ def _impact(f: Finding) -> float:
     return float(v) if isinstance(v, (int, float)) and np.isfinite(v) else 0.0
 
 
-def _event_findings(events: Sequence[Mapping[str, Any]], n_ranks: int) -> list[Finding]:
+def _gather_stragglers(ev: Mapping[str, Any], cfg: HealthConfig) -> list[int]:
+    """The stragglers of one ``cross_rank`` event, judged by ``cfg``'s threshold from the
+    recorded scores (so runs recorded with another threshold read alike); the recorded
+    list when an event has no scores."""
+    scores = ev.get("straggler_scores")
+    if isinstance(scores, Mapping) and scores:
+        try:
+            return cfg.stragglers({int(r): float(s) for r, s in scores.items()})
+        except (TypeError, ValueError):
+            pass
+    return [int(r) for r in ev.get("stragglers") or []]
+
+
+def _event_findings(events: Sequence[Mapping[str, Any]], n_ranks: int,
+                    cfg: HealthConfig) -> list[Finding]:
     """Findings recorded as events. Cross-rank straggler flags are used only when the step
     table holds fewer than two ranks: with every rank's records, the health rule (which
     separates communication wait from work) is authoritative."""
@@ -90,8 +102,8 @@ def _event_findings(events: Sequence[Mapping[str, Any]], n_ranks: int) -> list[F
                 continue
         elif kind == "cross_rank":
             gathers += 1
-            for r in ev.get("stragglers") or []:
-                stragglers[int(r)] = stragglers.get(int(r), 0) + 1
+            for r in _gather_stragglers(ev, cfg):
+                stragglers[r] = stragglers.get(r, 0) + 1
     for r, n in stragglers.items():
         if n_ranks < 2 and gathers >= 2 and n >= gathers / 2:
             out.append(Finding(
@@ -115,9 +127,11 @@ def _trace_pcts(row: Mapping[str, Any]) -> tuple[float | None, float | None]:
     return (float(idle) if isinstance(idle, (int, float)) else None), exposed
 
 
-def trace_findings(report: Mapping[str, Any]) -> list[Finding]:
+def trace_findings(report: Mapping[str, Any], config: HealthConfig | None = None
+                   ) -> list[Finding]:
     """Findings from a trace breakdown (``TraceReport.to_dict()``, the ``stepscope trace
-    --json`` shape): device idle, exposed communication, the slowest rank."""
+    --json`` shape): device idle, exposed communication, a straggler (its working-time
+    score below ``config.straggler_score``)."""
     out: list[Finding] = []
     for key, row in (report.get("ranks") or {}).items():
         if not isinstance(row, Mapping):
@@ -142,15 +156,17 @@ def trace_findings(report: Mapping[str, Any]) -> list[Finding]:
                 recommendation="Overlap gradient communication with backward (bucket "
                                "size, separate stream) or shard it (reduce-scatter)"))
     cmp_ = report.get("comparison")
-    if isinstance(cmp_, Mapping) and (cmp_.get("slower_by_pct") or 0) >= _TRACE_SLOW_RANK_PCT:
+    score = cmp_.get("straggler_score") if isinstance(cmp_, Mapping) else None
+    if (isinstance(cmp_, Mapping) and isinstance(score, (int, float))
+            and score < (config or HealthConfig()).straggler_score):
         r = int(cmp_["straggler_rank"])
         out.append(Finding(
             category="straggler", severity="warning",
-            message=f"trace: rank {r} works longest; the slowest rank is "
-                    f"{cmp_.get('slower_by_pct'):.0f}% slower, differing in "
+            message=f"trace: rank {r} works longest (straggler score {score:.2f}); the "
+                    f"slowest rank is {cmp_.get('slower_by_pct'):.0f}% slower, differing in "
                     f"{cmp_.get('differing_phase')}",
-            evidence={k: cmp_.get(k) for k in ("slower_by_pct", "differing_phase",
-                                               "phase_delta_us")},
+            evidence={k: cmp_.get(k) for k in ("straggler_score", "slower_by_pct",
+                                               "differing_phase", "phase_delta_us")},
             rank=r, confidence=0.7, rule="trace.ranks",
             recommendation=f"Compare rank {r}'s {cmp_.get('differing_phase')} with another "
                            "rank's in the trace"))
@@ -242,10 +258,11 @@ def diagnose(table: StepTable, meta: RunMeta | None = None,
     findings, cross-rank gathers). ``trace_report``: a trace breakdown in the
     ``stepscope trace --json`` shape. ``now_wall_s``: UNIX time, for a live run's stall.
     """
-    findings = check_health(table, meta, config, now_wall_s=now_wall_s)
-    findings += _event_findings(events or [], len(table.ranks()) if len(table) else 0)
+    cfg = config or HealthConfig()
+    findings = check_health(table, meta, cfg, now_wall_s=now_wall_s)
+    findings += _event_findings(events or [], len(table.ranks()) if len(table) else 0, cfg)
     if trace_report:
-        findings += trace_findings(trace_report)
+        findings += trace_findings(trace_report, cfg)
     _reconcile(findings, table)
     info = _compute_info(table, findings)
     if info is not None:

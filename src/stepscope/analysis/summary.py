@@ -34,9 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from ..calc import flops
 from ..schema import AnyArray, RunMeta, StepTable
 
-__all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "WARMUP_SLOW_FACTOR", "WARMUP_MAX_FRAC"]
+__all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "run_mfu", "WARMUP_SLOW_FACTOR",
+           "WARMUP_MAX_FRAC"]
 
 # Leading steps slower than this factor x the median of the remaining steps are warm-up.
 WARMUP_SLOW_FACTOR = 1.5
@@ -175,25 +177,42 @@ def _throughput(steady: StepTable, col: str) -> float | None:
     return total or None
 
 
-def _mfu(tokens_per_s: float | None, meta: RunMeta | None, ranks: int
-         ) -> tuple[float | None, float | None, str]:
+def run_mfu(tokens_per_s: float | None, meta: RunMeta | None, ranks: int = 1
+            ) -> tuple[float | None, float | None, str]:
+    """(MFU, HFU, note) of a throughput with run.json's FLOPs per token and device peak.
+
+    The one MFU of reports, ledgers, the index and the demo's live progress line; the
+    formula is the calculator's (:func:`stepscope.calc.flops.mfu`). Devices: run.json's
+    ``num_devices``, else ``ranks``. Unknown inputs give None and the note says which.
+
+    Example::
+
+        mfu, hfu, note = run_mfu(sheet.tokens_per_s, run.read_meta(), ranks=2)
+    """
     env = meta.environment if meta else {}
-    fpt = env.get("flops_per_token")
-    peak = env.get("peak_flops_per_device")
-    if not tokens_per_s:
+    fpt, peak = _positive(env.get("flops_per_token")), _positive(env.get("peak_flops_per_device"))
+    if tokens_per_s is None or not tokens_per_s > 0:
         return None, None, "no token counts recorded"
-    if not fpt:
+    if fpt is None:
         return None, None, "model FLOPs per token unknown (record flops_per_token)"
-    if not peak:
-        why = env.get("peak_flops_source") or "device peak FLOP/s unknown"
-        return None, None, f"{why}"
-    devices = int((meta.baseline.get("num_devices") if meta else None) or ranks or 1)
-    mfu = tokens_per_s * float(fpt) / (devices * float(peak))
-    hw = env.get("hardware_flops_per_token") or fpt
-    hfu = tokens_per_s * float(hw) / (devices * float(peak))
+    if peak is None:
+        return None, None, str(env.get("peak_flops_source") or "device peak FLOP/s unknown")
+    devices = max(1, int((meta.baseline.get("num_devices") if meta else None) or ranks or 1))
+    hw = _positive(env.get("hardware_flops_per_token")) or fpt
     conv = env.get("flops_convention", "unspecified convention")
     src = env.get("peak_flops_source", "unspecified source")
-    return mfu, hfu, f"{conv}; peak {float(peak) / 1e12:.3g} TFLOP/s per device ({src})"
+    return (flops.mfu(tokens_per_s, fpt, peak, devices),
+            flops.hfu(tokens_per_s, hw, peak, devices),
+            f"{conv}; peak {peak / 1e12:.3g} TFLOP/s per device ({src})")
+
+
+def _positive(v: Any) -> float | None:
+    """``v`` as a float when it is a finite positive number, else None."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x > 0 else None
 
 
 def _rank_lines(steady: StepTable) -> list[RankLine]:
@@ -240,7 +259,7 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
     st = st[np.isfinite(st)]
     total = float(st.sum()) if st.size else 0.0
     tps = _throughput(steady, "tokens")
-    mfu, hfu, mfu_note = _mfu(tps, meta, ranks)
+    mfu, hfu, mfu_note = run_mfu(tps, meta, ranks)
     phase_frac, phase_source = _phase_split(steady) if total else ({}, "no steps")
     first, last, lmin = _loss_stats(table)
     acc = table["accuracy"][np.isfinite(table["accuracy"])] if len(table) else np.array([])

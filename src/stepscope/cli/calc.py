@@ -23,14 +23,10 @@ from ..calc.flops import CONVENTIONS, RECOMPUTE, FlopsEstimate, ModelSpec
 from ..calc.hardware import PeakEntry
 from ..errors import ConfigError, UnknownDeviceError
 from . import cli
-from .calc_memory import memory_cmd
 from .calc_options import COUNT, NUMBER, ModelSource, model_options, parse_number, resolve_spec
-from .calc_plan import plan_cmd
+from .common import emit_json
 
 __all__ = ["parse_number", "NUMBER", "COUNT"]
-
-cli.add_command(memory_cmd)
-cli.add_command(plan_cmd)
 
 
 @cli.command("mfu")
@@ -172,8 +168,6 @@ def _flops_only(result: dict[str, Any], kw: dict[str, Any], seq_len: int | None,
 
 
 def _emit(obj: Any) -> None:
-    from .report import emit_json
-
     emit_json(obj)
 
 

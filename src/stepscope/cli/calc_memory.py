@@ -9,7 +9,9 @@ import click
 
 from ..calc.flops import RECOMPUTE
 from ..calc.memory import GRAD_DTYPES, MEMORY_CONVENTIONS, MemoryEstimate
+from . import cli
 from .calc_options import COUNT, NUMBER, model_options, resolve_spec
+from .common import emit_json
 
 __all__ = ["memory_cmd", "layout_options", "state_options", "PRECISION_HELP",
            "attention_is_flash"]
@@ -81,7 +83,7 @@ def attention_is_flash(kw: dict[str, Any]) -> bool:
     return bool(kw.pop("flash_attention")) or scores == "flash"
 
 
-@click.command("memory")
+@cli.command("memory")
 @model_options
 @layout_options
 @state_options
@@ -101,8 +103,6 @@ def memory_cmd(**kw: Any) -> None:
     flash = attention_is_flash(kw)
     est = estimate(spec, params=params, flash_attention=flash, **kw)
     if as_json:
-        from .report import emit_json
-
         out = est.to_dict()
         out.update(precision=canonical_precision(kw["precision"]), grad_dtype=kw["grad_dtype"],
                    attention_scores="flash" if flash else "stored", model=source.to_dict())

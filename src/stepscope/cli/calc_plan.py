@@ -11,8 +11,10 @@ import click
 from ..calc.plan import DEFAULT_HEADROOM
 from ..calc.steptime import DEFAULT_EFFICIENCY, Links
 from ..errors import ConfigError
+from . import cli
 from .calc_memory import attention_is_flash, state_options
 from .calc_options import COUNT, NUMBER, ModelSource, model_options, resolve_spec
+from .common import emit_json
 
 __all__ = ["plan_cmd", "source_flags"]
 
@@ -32,12 +34,10 @@ def source_flags(source: ModelSource) -> str:
 
 
 def _emit(obj: Any) -> None:
-    from .report import emit_json
-
     emit_json(obj)
 
 
-@click.command("plan")
+@cli.command("plan")
 @model_options
 @state_options
 @click.option("--devices", type=COUNT, required=True, help="Devices available.")

@@ -16,17 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from ..analysis.compare.quality import eval_record
 from ..analysis.compare.runs import Comparison, compare_runs, diff_fingerprints
 from ..analysis.compare.scaling import scaling
-from ..errors import ConfigError, StepscopeError
+from ..errors import ConfigError
 from ..index import INDEX_FILE, best_config, build_index, query_index
 from ..schema import RunMeta, StepTable
 from ..store import RunDir
 from . import cli
-from .report import emit_json
+from .common import emit_json, load_steps
 
 __all__ = ["load_for_compare", "EXIT_INVALID"]
 
@@ -36,13 +35,8 @@ EXIT_INVALID = 1
 
 def load_for_compare(path: str | Path) -> tuple[StepTable, RunMeta, list[dict[str, Any]]]:
     """(step table, run.json, eval events) of a run; raises StepscopeError on bad input."""
-    run = RunDir.open(path)
-    meta = run.read_meta()
-    table, stats = run.read_steps()
-    if not len(table):
-        raise StepscopeError(f"{run.path} has no step records ({stats.files} step file(s), "
-                             f"{stats.skipped} unreadable); nothing to compare")
-    return table, meta, run.read_events("eval")[0]
+    loaded = load_steps(path)
+    return loaded.table, loaded.meta, loaded.run.read_events("eval")[0]
 
 
 @cli.command("compare")
@@ -81,6 +75,8 @@ def _emit_comparison(result: Comparison, as_json: bool, markdown: bool) -> None:
 
         click.echo(comparison_markdown(result), nl=False)
     else:
+        from rich.console import Console
+
         from ..report.compare_view import render_comparison
 
         render_comparison(Console(), result)
@@ -125,6 +121,8 @@ def index_cmd(root: str, as_json: bool, markdown: bool, where: tuple[str, ...],
 
         click.echo(index_markdown(rows), nl=False)
     else:
+        from rich.console import Console
+
         from ..report.compare_view import render_index
 
         title = (f"{len(rows)} run(s); index {result.db_path}: {s.read} read, "
@@ -155,6 +153,8 @@ def scaling_cmd(ctx: click.Context, runs: tuple[str, ...], as_json: bool, markdo
 
         click.echo(scaling_markdown(result), nl=False)
     else:
+        from rich.console import Console
+
         from ..report.compare_view import render_scaling
 
         render_scaling(Console(), result)

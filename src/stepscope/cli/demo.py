@@ -7,67 +7,22 @@ identical shape) -> verdict -> advice.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from ..errors import ConfigError
+from ..report.terminal import render_sheet
 from ..store import RunDir, utc_stamp
 from . import cli
-from .report import emit_json, load_run, sheet_json, write_html
+from .common import emit_json
+from .demo_story import isolation_story
+from .demo_train import train_demo
+from .sheet import load_run, sheet_json, write_html
 
 # About a minute on a 2-core CPU at ~0.3 s per step (measured on the demo model).
 DEFAULT_STEPS = 150
-
-
-class _ProgressFeed:
-    """Turns per-step metrics into a live progress line (edge code: reads the clock)."""
-
-    def __init__(self, progress: Progress, task: Any, run_dir: Path) -> None:
-        self.progress, self.task, self.run_dir = progress, task, run_dir
-        self.t_last = time.perf_counter()
-        self.fpt_over_peak: float | None = None
-        self.n = 0
-
-    def __call__(self, m: dict[str, float]) -> None:
-        now = time.perf_counter()
-        dt, self.t_last = now - self.t_last, now
-        self.n += 1
-        if self.n == 1:
-            env = RunDir(self.run_dir).read_meta().environment
-            if env.get("flops_per_token") and env.get("peak_flops_per_device"):
-                self.fpt_over_peak = env["flops_per_token"] / env["peak_flops_per_device"]
-        tps = m.get("tokens", 0.0) / dt if dt > 0 else 0.0
-        mfu = f"{100 * tps * self.fpt_over_peak:.1f}%" if self.fpt_over_peak else "n/a"
-        self.progress.update(self.task, advance=1, info=(
-            f"loss {m['loss']:.3f}  {tps:,.0f} tok/s  MFU {mfu}"))
-
-
-def _train(framework: str, run_dir: Path, steps: int, seed: int, slow: bool,
-           quiet: bool, label: str, **kw: Any) -> Any:
-    if framework == "mindspore":
-        try:
-            from ..demo import mindspore_gpt as mod
-        except ImportError as exc:
-            raise ConfigError(f"--framework mindspore needs MindSpore ({exc}); "
-                              "install stepscope[mindspore]") from exc
-    else:
-        try:
-            from ..demo import torch_gpt as mod  # type: ignore[no-redef]
-        except ImportError as exc:
-            raise ConfigError(f"the demo needs PyTorch ({exc}); install stepscope[torch]"
-                              ) from exc
-    if quiet:
-        return mod.train(run_dir, steps=steps, seed=seed, slow_data=slow, **kw)
-    with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[info]}"), transient=False) as progress:
-        task = progress.add_task(label, total=steps, info="")
-        feed = _ProgressFeed(progress, task, run_dir)
-        return mod.train(run_dir, steps=steps, seed=seed, slow_data=slow, on_step=feed, **kw)
 
 
 @cli.command("demo")
@@ -90,13 +45,11 @@ def demo_cmd(framework: str, steps: int, out: Path | None, seed: int, slow_data:
     console = Console(stderr=as_json)
     console.print(f"[bold]stepscope demo[/bold]: tiny GPT ({framework}, CPU) → {run_dir}")
     kw = {"keep_batches": 16} if slow_data else {}
-    kept = _train(framework, run_dir, steps, seed, slow_data, as_json, "train", **kw)
+    kept = train_demo(framework, run_dir, steps, seed, slow_data, as_json, "train", **kw)
     loaded = load_run(run_dir)
     sections: tuple[tuple[str, str], ...] = ()
     story = None
     if slow_data:
-        from .demo_story import isolation_story
-
         story = isolation_story(console, loaded, kept, steps, seed, as_json, framework)
         sections = story.html_sections
         loaded = load_run(run_dir)
@@ -108,8 +61,6 @@ def demo_cmd(framework: str, steps: int, out: Path | None, seed: int, slow_data:
             d["isolation"] = story.result
         emit_json(d)
         return
-    from ..report.terminal import render_sheet
-
     render_sheet(console, loaded.sheet, loaded.meta, loaded.findings,
                  extra=story.renderables if story else ())
     console.print(f"Run directory: {run_dir}\nHTML report:   {html}")

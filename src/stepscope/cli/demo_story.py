@@ -19,9 +19,10 @@ from rich.text import Text
 
 from ..analysis.advice import advise
 from ..analysis.isolation import ISOLATION_EVENT, data_isolation_verdict, isolation_finding
-from ..report.terminal import fmt_num, fmt_pct
+from ..report.fmt import fmt_num, fmt_pct
 from ..store import RunDir
-from .report import LoadedRun
+from .demo_train import train_demo
+from .sheet import LoadedRun
 
 __all__ = ["Story", "isolation_story"]
 
@@ -47,8 +48,6 @@ def isolation_story(console: Console, loaded: LoadedRun, kept: list[Any], steps:
 
     ``quiet`` hides the replay run's progress bar (``--json``); the story is always told.
     """
-    from .demo import _train
-
     lines: list[str] = []
     s = loaded.sheet
     _say(console, lines, "\n[bold]1. Step breakdown[/bold]: " + ", ".join(
@@ -60,7 +59,7 @@ def isolation_story(console: Console, loaded: LoadedRun, kept: list[Any], steps:
     _say(console, lines,
          f"[bold]3. Isolation experiment[/bold]: same model, seed and batch shape; data "
          f"replaced by {len(kept)} real batches held in memory → {replay_dir}")
-    _train(framework, replay_dir, min(steps, _REPLAY_STEPS), seed, False, quiet, "replay",
+    train_demo(framework, replay_dir, min(steps, _REPLAY_STEPS), seed, False, quiet, "replay",
            batches=kept)
     replay_table, _ = RunDir.open(replay_dir).read_steps()
     res = data_isolation_verdict(loaded.table, replay_table)

@@ -10,7 +10,6 @@ steady throughput and records the verdict in both runs' events.jsonl.
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
 from ..analysis.diagnose import Diagnosis, diagnose
 from ..analysis.isolation import (
@@ -33,6 +31,7 @@ from ..errors import StepscopeError
 from ..schema import StepTable
 from ..store import RunDir, utc_stamp
 from . import cli
+from .common import emit_json, load_steps
 
 _MARK = {"critical": "!!", "warning": "! ", "info": "  "}
 # Child-environment switches understood by `stepscope run` (integrations/torch_auto.py).
@@ -40,22 +39,14 @@ _SWITCH = {"data": ("STEPSCOPE_REPLAY_DATA", "replay-data"),
            "comm": ("STEPSCOPE_NOOP_GRAD_SYNC", "nosync-comm")}
 
 
-def _echo_json(obj: Any) -> None:
-    click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY,
-                            default=str).decode())
-
-
-def _trace_report(path: Path) -> Mapping[str, Any] | None:
+def _trace_report(path: Path) -> Mapping[str, Any]:
     """Trace breakdown of ``path`` (file or directory), in the ``stepscope trace`` shape."""
-    try:
-        breakdown: Any = importlib.import_module("stepscope.analysis.trace.breakdown")
-        traces: Any = importlib.import_module("stepscope.traces")
-    except ImportError:
-        click.echo("stepscope: note: trace analysis is not available; trace ignored",
-                   err=True)
-        return None
-    report = breakdown.analyze(traces.read_trace(path)).to_dict()
-    return report if isinstance(report, Mapping) else None
+    # Imported when a trace is there to read: the trace readers are the heaviest imports of
+    # the command (start-up time of a diagnosis without a profile).
+    from ..analysis.trace.breakdown import analyze
+    from ..traces import read_trace
+
+    return analyze(read_trace(path)).to_dict()
 
 
 def _render(d: Diagnosis, run: Path) -> None:
@@ -83,9 +74,8 @@ def _render(d: Diagnosis, run: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     """Ranked findings, the bottleneck and the next experiment for run directory RUN."""
-    rd = RunDir.open(run)
-    meta = rd.read_meta()
-    table, _ = rd.read_steps()
+    loaded = load_steps(run, require=False)  # a run that has not stepped yet is diagnosed too
+    rd, meta, table = loaded.run, loaded.meta, loaded.table
     events, _ = rd.read_events()
     report = None
     if trace is not None:
@@ -102,7 +92,7 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     now = time.time() if meta.status == "running" else None
     d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now)
     if as_json:
-        _echo_json(d.to_dict())
+        emit_json(d.to_dict())
     else:
         _render(d, run)
 
@@ -120,11 +110,7 @@ def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise StepscopeError(f"`{' '.join(command)}` under stepscope run exited with "
                              f"{proc.returncode} ({' | '.join(tail)}); run it alone first")
-    table, _ = RunDir.open(out).read_steps()
-    if not len(table):
-        raise StepscopeError(f"no steps were recorded in {out}: is COMMAND a PyTorch "
-                             "training script that calls optimizer.step()?")
-    return table
+    return load_steps(out).table
 
 
 @cli.command("isolate")
@@ -156,7 +142,7 @@ def isolate_cmd(what: str, steps: int, warmup: int, out: Path | None, as_json: b
     for d in (base_dir, exp_dir):
         RunDir.open(d).append_event(event)
     if as_json:
-        _echo_json(event)
+        emit_json(event)
         return
     click.echo(f"isolation experiment ({what}): {res.message}")
     click.echo(f"  runs: {base_dir} (as is), {exp_dir} ({label})")

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from . import cli
-from .report import emit_json, load_run
+from .common import emit_json
+from .sheet import load_run
 
 __all__ = ["export_cmd"]
 

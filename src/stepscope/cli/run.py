@@ -8,12 +8,14 @@ Example::
 
 from __future__ import annotations
 
-import json
 import sys
+from pathlib import Path
+from typing import Any
 
 import click
 
 from . import cli
+from .common import emit_json
 
 
 @cli.command(
@@ -24,8 +26,9 @@ from . import cli
               help="Run directory (default: runs/<name>-<UTC timestamp>).")
 @click.option("--name", default="", help="Run name stored in run.json.")
 @click.option("--profile-steps", default=None, metavar="A:B",
-              help="Capture a torch.profiler trace of steps A..B-1 per rank into "
-                   "RUN/profiles/<UTC timestamp>/ and analyse it.")
+              help="Capture a torch.profiler trace of steps A..B, both ends included (the "
+                   "convention of every a:b flag: 10:12 is steps 10, 11 and 12), per rank "
+                   "into RUN/profiles/<UTC timestamp>/ and analyse it.")
 @click.option("--max-steps", type=int, default=0,
               help="Stop the script cleanly after this many optimizer steps (0 = no limit).")
 @click.option("--tokens-per-step", type=float, default=None,
@@ -56,8 +59,11 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
     if cross_rank_every is not None:
         env["STEPSCOPE_CROSS_RANK_EVERY"] = str(cross_rank_every)
     outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env)
+    if outcome.profile_dir is not None:  # analysed here: never in the launcher or trainer
+        outcome.profile_analysis = _analyze_profile(outcome.run_dir, outcome.profile_dir,
+                                                    profile_steps)
     if as_json:
-        click.echo(json.dumps(outcome.to_dict(), default=str))
+        emit_json(outcome.to_dict(), one_line=True)
     else:
         line = f"stepscope: run {outcome.status}: {outcome.run_dir}"
         if outcome.error:
@@ -67,3 +73,31 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
             click.echo(f"stepscope: profile {outcome.profile_analysis.get('status')}: "
                        f"{outcome.profile_dir}", err=True)
     sys.exit(outcome.returncode if outcome.returncode >= 0 else 128 - outcome.returncode)
+
+
+def _analyze_profile(run_dir: Path, prof_dir: Path, steps: str | None) -> dict[str, Any]:
+    """The trace analysis of the captured per-rank traces, written beside the capture
+    (``profiles/<stamp>.analysis.json``) and recorded as a ``profile`` event."""
+    from ..analysis.trace.breakdown import analyze  # heavy: only when a profile was taken
+    from ..store import RunDir
+    from ..traces import read_trace
+
+    run = RunDir(run_dir)
+    files = sorted(p.name for p in prof_dir.glob("*.json"))
+    out: dict[str, Any] = {"files": files}
+    if not files:
+        out = {"status": "no traces captured (did the run reach the profiled steps?)"}
+    else:
+        try:
+            out["report"] = analyze(read_trace(prof_dir)).to_dict()
+            out["status"] = "analyzed"
+        except Exception as exc:  # archived anyway; say why the analysis failed
+            out["status"] = f"archived (analysis failed: {type(exc).__name__}: {exc})"
+        try:
+            out["analysis_file"] = str(run.write_profile_analysis(prof_dir, out))
+        except OSError as exc:
+            out["write_error"] = str(exc)
+    run.append_event({"type": "profile", "dir": str(prof_dir.relative_to(run.path)),
+                      "steps": steps, "status": out.get("status"),
+                      "analysis_file": out.get("analysis_file")})
+    return out

@@ -3,6 +3,9 @@
     stepscope trace PATH [PATH2 …] [--hta-compatible] [--steps a:b] [--top N] [--json]
     stepscope trace diff A B [--hta-compatible] [--steps a:b] [--json]
 
+``--steps a:b`` names ProfilerStep numbers with both ends included (stepscope's one
+convention for ``a:b``, see :mod:`stepscope._ranges`).
+
 PATH: a PyTorch profiler trace (.json/.json.gz), a directory of per-rank traces (e.g. a
 run's ``profiles/<timestamp>/``), a MindSpore profiler directory (``*_ascend_ms``), or a run
 directory (its latest archived profile is used).
@@ -10,22 +13,18 @@ directory (its latest archived profile is used).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any
 
 import click
-import orjson
-from rich.console import Console
 
-from ..analysis.trace.breakdown import analyze, parse_steps
-from ..analysis.trace.diff import diff_reports
+from .._ranges import parse_step_range
+from ..analysis.trace.breakdown import analyze
 from ..errors import RunDirError
-from ..report.trace_view import render_trace_diff, render_trace_report
 from ..schema import EventTable
 from ..store import RunDir, is_run_dir
 from ..traces import read_trace
 from . import cli
+from .common import emit_json
 
 __all__ = ["trace_group"]
 
@@ -54,19 +53,14 @@ def _read(paths: list[Path]) -> list[EventTable]:
     return read_trace([_resolve(p) for p in paths])
 
 
-def _emit_json(obj: Any) -> None:
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2
-                                         | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-    sys.stdout.flush()
-
-
 _hta_opt = click.option(
     "--hta-compatible", is_flag=True,
     help="Rank numbers follow HTA 0.5.0 exactly (drops the last ProfilerStep, rounds "
          "float times inward to whole µs, HTA's kernel name rules).")
 _steps_opt = click.option(
     "--steps", default=None, metavar="a:b",
-    help="ProfilerStep numbers to analyse, both ends included (e.g. 2:4, 3:, :5).")
+    help="ProfilerStep numbers to analyse, FIRST:LAST with both ends included, the "
+         "convention of every a:b flag (e.g. 2:4 is steps 2, 3 and 4; 3: and :5 are open).")
 _json_opt = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
@@ -90,10 +84,15 @@ def show_cmd(paths: tuple[Path, ...], hta_compatible: bool, steps: str | None, t
              as_json: bool) -> None:
     """Analyse PATH (trace file, directory of per-rank traces, or MindSpore directory)."""
     report = analyze(_read(list(paths)), hta_compatible=hta_compatible,
-                     steps=parse_steps(steps), top=max(top, 20))
+                     steps=parse_step_range(steps, "--steps"), top=max(top, 20))
     if as_json:
-        _emit_json(report.to_dict())
+        emit_json(report.to_dict())
         return
+    # Rendering imports (rich) only when the terminal view is asked for: start-up time.
+    from rich.console import Console
+
+    from ..report.trace_view import render_trace_report
+
     render_trace_report(Console(), report, top=top)
 
 
@@ -109,11 +108,17 @@ def diff_cmd(a: Path, b: Path, hta_compatible: bool, steps: str | None, top: int
     """Compare trace B against baseline A, per phase and per op (per step).
 
     A and B: trace files, profile directories, or run directories (latest profile)."""
-    sel = parse_steps(steps)
+    from ..analysis.trace.diff import diff_reports
+
+    sel = parse_step_range(steps, "--steps")
     rep_a = analyze(_read([a]), hta_compatible=hta_compatible, steps=sel)
     rep_b = analyze(_read([b]), hta_compatible=hta_compatible, steps=sel)
     diff = diff_reports(rep_a, rep_b)
     if as_json:
-        _emit_json({"a": str(a), "b": str(b), **diff.to_dict()})
+        emit_json({"a": str(a), "b": str(b), **diff.to_dict()})
         return
+    from rich.console import Console
+
+    from ..report.trace_view import render_trace_diff
+
     render_trace_diff(Console(), diff, top=top)

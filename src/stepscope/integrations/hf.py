@@ -35,21 +35,22 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..recorder import Recorder
+from ..session import StepSession
 from .torch import auto as torch_auto
-from .torch.callback import PhaseClock, default_run_dir, run_meta
+from .torch.callback import Losses, default_run_dir, open_session, run_meta
+from .torch.probes import batch_counts, grad_norm
 
 __all__ = ["StepscopeCallback"]
 
 
 class StepscopeCallback(TrainerCallback):
-    """Feeds a :class:`~stepscope.Recorder` from Trainer events (see module docstring)."""
+    """Feeds a :class:`~stepscope.session.StepSession` from Trainer events (module doc)."""
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, name: str = "") -> None:
         self.run_dir = str(run_dir) if run_dir is not None else default_run_dir("hf")
         self.name = name
-        self.pc: PhaseClock | None = None
-        self.rec: Recorder | None = None
+        self.pc: StepSession | None = None
+        self.losses = Losses()
         self._handles: list[Any] = []
         self._optimizer: Any = None
         self._fwd_open = False
@@ -79,8 +80,7 @@ class StepscopeCallback(TrainerCallback):
         if self.name:
             meta["name"] = self.name
         rank = int(getattr(args, "process_index", 0) or 0)
-        self.rec = Recorder(self.run_dir, meta=meta, rank=rank)
-        self.pc = PhaseClock(self.rec, device=getattr(args, "device", None))
+        self.pc = open_session(self.run_dir, meta, rank, getattr(args, "device", None))
         self._optimizer = optimizer
         self._handles = [
             model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),
@@ -91,9 +91,9 @@ class StepscopeCallback(TrainerCallback):
         for h in self._handles:
             h.remove()
         self._handles = []
-        if self.rec is not None:
-            self.rec.close()
-            self.rec = None
+        if self.pc is not None:
+            self.pc.close()
+            self.pc = None
 
     # -- model hooks -------------------------------------------------------------------
     def _fwd_pre(self, module: Any, args: Any, kwargs: Any) -> None:
@@ -102,10 +102,10 @@ class StepscopeCallback(TrainerCallback):
             return
         try:
             if self._after_fwd:
-                pc.backward_end()  # the previous micro-batch's backward ended here
+                pc.lap("backward")  # the previous micro-batch's backward ended here
                 self._after_fwd = False
-            pc.forward_begin()
-            pc.batch(kwargs.get("input_ids", args))
+            pc.mark()
+            pc.count(*batch_counts(kwargs.get("input_ids", args)))
             # Trainers that pass num_items_in_batch get micro-batch losses already divided
             # by the whole step's token count: the step's loss is then their sum.
             self._sum_losses = "num_items_in_batch" in kwargs
@@ -120,19 +120,20 @@ class StepscopeCallback(TrainerCallback):
         self._fwd_open = False
         self._after_fwd = True
         try:
-            pc.forward_end()
+            pc.lap("forward")
             loss = getattr(output, "loss", None)
             if loss is None and isinstance(output, dict):
                 loss = output.get("loss")
             if loss is not None:
-                pc.loss(loss)
+                self.losses.add(loss)
         except Exception:
             pass
 
     # -- trainer events ----------------------------------------------------------------
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.pc is not None:
-            self.pc.step_begin()
+        if self.pc is not None and not self.pc.in_step:
+            self.losses.take()  # forget losses of forwards outside a training step
+            self.pc.begin()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any,
                               **kwargs: Any) -> None:
@@ -140,38 +141,36 @@ class StepscopeCallback(TrainerCallback):
         if pc is None:
             return
         if self._after_fwd:
-            pc.backward_end()
+            pc.lap("backward")
             self._after_fwd = False
         self._lr = self._norm = None
         opt = kwargs.get("optimizer") or self._optimizer
         try:
             groups = opt.param_groups
             self._lr = float(groups[0]["lr"])
-            from .torch.probes import grad_norm
-
             self._norm = grad_norm(p for g in groups for p in g["params"])
         except Exception:
             pass
-        pc.optimizer_begin()
+        pc.mark()
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.pc is not None:
-            self.pc.optimizer_end()
+            self.pc.lap("optimizer")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.pc is None:
             return
-        self.pc.step_end(loss_reduce="sum" if self._sum_losses else "mean", lr=self._lr,
-                         grad_norm=self._norm)
+        self.pc.end(values={"lr": self._lr, "grad_norm": self._norm},
+                    loss=self.losses.take("sum" if self._sum_losses else "mean"))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
                **kwargs: Any) -> None:
-        if self.rec is None or not logs or "grad_norm" not in logs:
+        if self.pc is None or not logs or "grad_norm" not in logs:
             return
         try:  # the Trainer's pre-clipping norm replaces ours for the step just closed
-            self.rec.log(grad_norm=float(logs["grad_norm"]))
+            self.pc.rec.log(grad_norm=float(logs["grad_norm"]))
             if not self._noted:
                 self._noted = True
-                self.rec.run.update_meta(config={"grad_norm_source": "Trainer logs"})
+                self.pc.rec.run.update_meta(config={"grad_norm_source": "Trainer logs"})
         except Exception:
             pass

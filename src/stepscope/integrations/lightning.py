@@ -27,14 +27,14 @@ Under ``stepscope run`` this callback does nothing (the zero-code hooks record a
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from lightning.pytorch import Callback
 
-from ..recorder import Recorder
+from ..session import StepSession
 from .torch import auto as torch_auto
-from .torch.callback import PhaseClock, default_run_dir, run_meta
+from .torch.callback import Losses, default_run_dir, open_session, run_meta
+from .torch.probes import batch_counts, grad_norm
 
 __all__ = ["StepscopeCallback"]
 
@@ -44,13 +44,13 @@ _PRECISION = {"32-true": "fp32", "32": "fp32", "64-true": "fp64", "bf16-mixed": 
 
 
 class StepscopeCallback(Callback):
-    """Feeds a :class:`~stepscope.Recorder` from Lightning hooks (see module docstring)."""
+    """Feeds a :class:`~stepscope.session.StepSession` from Lightning hooks (module doc)."""
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, name: str = "") -> None:
         self.run_dir = str(run_dir) if run_dir is not None else default_run_dir("lightning")
         self.name = name
-        self.rec: Recorder | None = None
-        self.pc: PhaseClock | None = None
+        self.pc: StepSession | None = None
+        self.losses = Losses()
         self._last_global_step = 0
         self._t_batch_end: float | None = None
         self._lr: float | None = None
@@ -71,8 +71,7 @@ class StepscopeCallback(Callback):
         })
         if self.name:
             meta["name"] = self.name
-        self.rec = Recorder(self.run_dir, meta=meta, rank=int(trainer.global_rank))
-        self.pc = PhaseClock(self.rec, device=pl_module.device)
+        self.pc = open_session(self.run_dir, meta, int(trainer.global_rank), pl_module.device)
         self._last_global_step = int(trainer.global_step)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
@@ -81,33 +80,31 @@ class StepscopeCallback(Callback):
         if pc is None:
             return
         if pc.in_step and self._t_batch_end is not None:  # next micro-batch of the step
-            pc.rec.add_time("data_wait", time.perf_counter() - self._t_batch_end)
-        pc.step_begin()
-        pc.batch(batch)
-        pc.forward_begin()
+            pc.add_time("data_wait", pc.clock() - self._t_batch_end)
+        pc.begin()
+        pc.count(*batch_counts(batch))
+        pc.mark()
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self.pc is not None:
-            self.pc.forward_end()
-            self.pc.loss(loss)
+            self.pc.lap("forward")
+            self.losses.add(loss)
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         if self.pc is not None:
-            self.pc.backward_end()
+            self.pc.lap("backward")
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         pc = self.pc
         if pc is None:
             return
         try:
-            from .torch.probes import grad_norm
-
             groups = optimizer.param_groups
             self._lr = float(groups[0]["lr"])
             self._norm = grad_norm(p for g in groups for p in g["params"])
         except Exception:
             self._lr = self._norm = None
-        pc.optimizer_begin()
+        pc.mark()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -116,11 +113,11 @@ class StepscopeCallback(Callback):
             return
         if int(trainer.global_step) > self._last_global_step:  # the optimizer stepped
             self._last_global_step = int(trainer.global_step)
-            pc.optimizer_end()
-            pc.step_end(lr=self._lr, grad_norm=self._norm)
+            pc.lap("optimizer")
+            pc.end(values={"lr": self._lr, "grad_norm": self._norm}, loss=self.losses.take())
             self._t_batch_end = None
         else:
-            self._t_batch_end = time.perf_counter()
+            self._t_batch_end = pc.clock()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._close("finished", None)
@@ -129,7 +126,6 @@ class StepscopeCallback(Callback):
         self._close("failed", f"{type(exception).__name__}: {exception}")
 
     def _close(self, status: str, error: str | None) -> None:
-        if self.rec is not None:
-            self.rec.close(status=status, error=error)
-            self.rec = None
+        if self.pc is not None:
+            self.pc.close(status=status, error=error)
             self.pc = None

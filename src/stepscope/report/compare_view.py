@@ -21,8 +21,8 @@ from rich.text import Text
 
 from ..analysis.compare.runs import Comparison
 from ..analysis.compare.scaling import ScalingResult
+from .fmt import fmt_bytes, fmt_num, fmt_pct
 from .markdown_tables import INDEX_MD_COLUMNS, config_label, fmt_cell
-from .terminal import fmt_bytes, fmt_num, fmt_pct
 
 __all__ = ["render_comparison", "render_index", "render_scaling"]
 

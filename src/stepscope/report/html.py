@@ -18,7 +18,7 @@ import numpy as np
 from ..analysis.findings import Finding
 from ..analysis.summary import Sheet
 from ..schema import RunMeta, StepTable
-from .terminal import fmt_bytes, fmt_num, fmt_pct
+from .fmt import fmt_bytes, fmt_num, fmt_pct
 
 __all__ = ["render_html"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..analysis.compare.runs import Comparison
 from ..analysis.compare.scaling import ScalingResult
-from .terminal import fmt_bytes, fmt_num, fmt_pct
+from .fmt import fmt_bytes, fmt_num, fmt_pct
 
 __all__ = ["md_table", "md_escape", "comparison_markdown", "index_markdown",
            "scaling_markdown", "INDEX_MD_COLUMNS", "config_label", "fmt_cell"]

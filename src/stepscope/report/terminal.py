@@ -20,6 +20,7 @@ from rich.text import Text
 from ..analysis.findings import Finding
 from ..analysis.summary import Sheet
 from ..schema import RunMeta
+from .fmt import fmt_bytes, fmt_num, fmt_pct
 
 __all__ = ["render_sheet", "fmt_bytes", "fmt_pct", "fmt_num", "PHASE_STYLE", "phase_bar"]
 
@@ -29,29 +30,6 @@ PHASE_STYLE: dict[str, str] = {
     "comm_exposed": "magenta", "optimizer": "green", "other": "grey50",
 }
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
-
-
-def fmt_bytes(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(x) >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f} B"
-
-
-def fmt_pct(x: float | None, digits: int = 1) -> str:
-    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
-
-
-def fmt_num(x: float | None, unit: str = "", digits: int = 4) -> str:
-    if x is None:
-        return "n/a"
-    if abs(x) >= 1e4:
-        s = f"{x:,.0f}"
-    else:
-        s = f"{x:.{digits}g}"
-    return f"{s} {unit}".rstrip()
 
 
 def phase_bar(phase_frac: dict[str, float], width: int = 60) -> Text:

@@ -120,8 +120,9 @@ def render_trace_report(console: Console, report: TraceReport, top: int = 10) ->
     if c is not None:
         console.print(
             f"Slowest rank: {c.slowest_rank} (median step {c.slower_by_pct:.1f}% longer than "
-            f"rank {c.fastest_rank}). Straggler (longest working time): rank "
-            f"{c.straggler_rank}; it differs most in [bold]{c.differing_phase}[/bold] "
+            f"rank {c.fastest_rank}). Longest working time: rank {c.straggler_rank}"
+            + (f" (straggler score {c.straggler_score:.2f})" if c.straggler_score else "")
+            + f"; it differs most in [bold]{c.differing_phase}[/bold] "
             f"({c.phase_delta_us / 1000:+.1f} ms per step vs the other ranks).")
     if report.top_ops:
         console.print(_ops_table(report, top))

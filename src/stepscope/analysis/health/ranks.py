@@ -16,7 +16,7 @@ import numpy as np
 
 from ...schema import BETWEEN_STEP_COLUMNS, AnyArray, StepTable
 from ..findings import Finding
-from .config import HealthContext
+from .config import HealthContext, straggler_scores
 from .stats import rank_series
 from .system import PHASE_WORDS, span_of
 
@@ -47,7 +47,8 @@ def _median(x: AnyArray) -> float:
 
 
 def rule_straggler(ctx: HealthContext) -> list[Finding]:
-    """A rank consistently slower at its own work than the others (score < 0.8)."""
+    """A rank consistently slower at its own work than the others (its
+    :func:`~.config.straggler_scores` score below ``straggler_score``)."""
     cfg = ctx.config
     t = ctx.table.select(ctx.steady)
     ranks = t.ranks()
@@ -57,10 +58,10 @@ def rule_straggler(ctx: HealthContext) -> list[Finding]:
     med = {r: _median(own[t["rank"] == r]) for r in ranks}
     if not all(np.isfinite(v) and v > 0 for v in med.values()):
         return []
-    vals = sorted(med.values())
-    ref = vals[0] if len(vals) == 2 else float(np.median(vals))
-    slow = max(med, key=lambda r: med[r])
-    score = ref / med[slow]
+    scores = straggler_scores(med)
+    slow = min(scores, key=lambda r: scores[r])
+    score = scores[slow]
+    ref = score * med[slow]
     excess = med[slow] - ref
     step_med = float(np.nanmedian(t["step_time_s"]))
     consistent = _slow_share(t, own, slow)

@@ -20,9 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from ..._ranges import StepRange
+from ..._ranges import parse_step_range as parse_steps  # the one a:b parser (old path)
 from ...errors import ConfigError
 from ...schema import EventTable
 from ...traces.kineto import COMM_LOOKED_FOR
+from ..health.config import straggler_scores
 from .ops import OpRow, op_totals
 from .overlap import Temporal, exact_temporal, hta_temporal, step_table, stream_busy
 from .steps import BAR_PHASES, StepRow, step_rows
@@ -94,10 +97,13 @@ class RankComparison:
     slowest_rank: int
     fastest_rank: int
     slower_by_pct: float  # median step time, slowest vs fastest
-    straggler_rank: int  # most time working (step time minus exposed comm and idle)
+    straggler_rank: int  # lowest straggler score of working time (step minus comm and idle)
     differing_phase: str
     phase_delta_us: float  # straggler minus the mean of the other ranks, per step
     phase_deltas_us: dict[str, float]
+    # health.config.straggler_scores of the working time; None when no rank works > 0 µs.
+    # Below HealthConfig.straggler_score the rank is a straggler (diagnose says so).
+    straggler_score: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -126,33 +132,15 @@ class TraceReport:
         }
 
 
-def parse_steps(spec: str | None) -> tuple[int | None, int | None] | None:
-    """``"a:b"`` -> (a, b), both included; either side may be empty. None -> None."""
-    if spec is None or spec.strip() == "":
-        return None
-    parts = spec.split(":")
-    try:
-        if len(parts) == 1:
-            n = int(parts[0])
-            return n, n
-        if len(parts) != 2:
-            raise ValueError(spec)
-        return (int(parts[0]) if parts[0].strip() else None,
-                int(parts[1]) if parts[1].strip() else None)
-    except ValueError:
-        raise ConfigError(f"--steps {spec!r}: expected 'a:b' (ProfilerStep numbers, both "
-                          "included), e.g. 2:4, 3: or :5") from None
-
-
 def _select_steps(tables: Sequence[EventTable],
                   steps: tuple[int | None, int | None] | Collection[int] | None
                   ) -> set[int] | None:
     if steps is None:
         return None
     if isinstance(steps, tuple) and len(steps) == 2:  # a range; sets/lists are numbers
-        lo, hi = steps
+        rng = StepRange(*steps)
         known = {int(k) for t in tables for k in step_table(t)}
-        return {k for k in known if (lo is None or k >= lo) and (hi is None or k <= hi)}
+        return {k for k in known if k in rng}
     return {int(s) for s in steps if s is not None}
 
 
@@ -239,7 +227,9 @@ def _rank_warnings(rank: int, t: EventTable, rep: RankReport) -> list[str]:
 
 
 def compare_ranks(ranks: dict[int, RankReport]) -> RankComparison | None:
-    """Slowest rank by median step time; straggler = the rank that works longest."""
+    """Slowest rank by median step time; straggler = the rank whose working time scores
+    lowest (:func:`~stepscope.analysis.health.config.straggler_scores`): the one that
+    works longest."""
     med = {r: rep.step_time_median_us() for r, rep in ranks.items()}
     timed = {r: m for r, m in med.items() if m is not None}
     if len(timed) < 2:
@@ -251,7 +241,9 @@ def compare_ranks(ranks: dict[int, RankReport]) -> RankComparison | None:
     # work (a slow data loader included), so the straggler is the rank that works longest
     # and the phase that differs is the work phase it spends most extra time in.
     work = {r: timed[r] - means[r]["comm_exposed"] - means[r]["idle"] for r in timed}
-    straggler = max(work, key=lambda r: work[r])
+    scores = straggler_scores(work)
+    straggler = (min(scores, key=lambda r: scores[r]) if scores
+                 else max(work, key=lambda r: work[r]))
     others = [r for r in timed if r != straggler]
     deltas = {p: means[straggler][p] - float(np.mean([means[o][p] for o in others]))
               for p in BAR_PHASES}
@@ -262,5 +254,5 @@ def compare_ranks(ranks: dict[int, RankReport]) -> RankComparison | None:
         slower_by_pct=round(100.0 * (timed[slowest] - timed[fastest]) / timed[fastest], 2)
         if timed[fastest] > 0 else 0.0,
         straggler_rank=straggler, differing_phase=phase, phase_delta_us=deltas[phase],
-        phase_deltas_us=deltas)
+        phase_deltas_us=deltas, straggler_score=scores.get(straggler))
 

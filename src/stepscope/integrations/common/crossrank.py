@@ -4,12 +4,11 @@ Adapters gather one small vector per rank every ``every`` steps with their frame
 collective (``mindspore.ops.AllGather``, ``torch.distributed.all_gather``) and hand the
 gathered numbers here.
 
-Score (after NVIDIA's straggler detector, nvidia-resiliency-ext ``straggler``: a score is
-reference performance / rank performance, 1.0 = as fast as the reference): for each rank,
-``reference median / rank median`` of its compute time per step, where the reference is the
-median over ranks of the per-rank medians (NVIDIA takes the best rank; the median is less
-sensitive to one unusually fast rank). A rank scoring below ``STRAGGLER_THRESHOLD`` is a
-straggler.
+Score and threshold: stepscope's one straggler definition,
+:func:`stepscope.analysis.health.config.straggler_scores` and
+``HealthConfig.straggler_score`` (after NVIDIA's relative performance score; see there for
+the reference rank and why 0.8), applied here to each rank's median compute time per step.
+``diagnose`` and the health rule judge the same scores with the same threshold.
 
 Example::
 
@@ -26,25 +25,19 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.health.config import HealthConfig, straggler_scores
+
 __all__ = ["STRAGGLER_THRESHOLD", "straggler_scores", "stragglers", "WindowStats",
            "cross_rank_event"]
 
-# Megatron-Bridge's NVRxStragglerDetectionConfig default ``gpu_relative_perf_threshold``.
-STRAGGLER_THRESHOLD = 0.7
-
-
-def straggler_scores(rank_medians: Mapping[int, float]) -> dict[int, float]:
-    """reference median / rank median for each rank with a positive finite median."""
-    good = {r: float(v) for r, v in rank_medians.items() if math.isfinite(v) and v > 0}
-    if not good:
-        return {}
-    ref = float(np.median(list(good.values())))
-    return {r: ref / v for r, v in sorted(good.items())}
+# The health rules' threshold, recorded in each event (HealthConfig.straggler_score).
+STRAGGLER_THRESHOLD = HealthConfig.straggler_score
 
 
 def stragglers(scores: Mapping[int, float], threshold: float = STRAGGLER_THRESHOLD
                ) -> list[int]:
-    return sorted(r for r, s in scores.items() if s < threshold)
+    """Ranks scoring below ``threshold`` (:meth:`HealthConfig.stragglers`)."""
+    return HealthConfig(straggler_score=threshold).stragglers(scores)
 
 
 class WindowStats:

@@ -4,8 +4,9 @@ The field report archives every profile with a timestamp so two runs can be diff
 re-running. ``ProfileCapture`` starts ``mindspore.profiler.profile`` before the first chosen
 step and stops it (MindSpore then writes its ``*_ascend_ms`` directory) after the last,
 writes the step windows it timed beside the profile (``stepscope_steps.json``, epoch
-microseconds: the trace reader assigns ops to steps by them) and records an event with the
-per-step phase breakdown read back by ``stepscope.traces.mindspore``.
+microseconds: the trace reader assigns ops to steps by them) and records a ``profile``
+event naming the capture. Nothing is parsed or analysed in the training process:
+``stepscope trace RUN`` and ``stepscope diagnose RUN`` read the archived profile.
 
 Ranks of one job share one profile directory: its timestamp is rank 0's time, agreed with
 one ``AllGather`` (the earliest start wins) when the job has more than one rank.
@@ -31,7 +32,7 @@ import numpy as np
 import orjson
 
 from ...store import RunDir, utc_stamp
-from ...traces.mindspore_phases import MARKERS_FILE, PHASE_NAMES, phase_busy_us
+from ...traces.mindspore_phases import MARKERS_FILE
 
 __all__ = ["ProfileCapture"]
 
@@ -109,39 +110,14 @@ class ProfileCapture:
             self.run.append_event({"type": "warning", "rank": self.rank, "message":
                                    f"MindSpore profiler wrote nothing under {self.dir}"})
             return
-        (out / MARKERS_FILE).write_bytes(orjson.dumps({"steps": self._windows}))
-        self.run.append_event(self._summary(out))
+        self.run.write_profile_file(out, MARKERS_FILE, orjson.dumps({"steps": self._windows}))
+        # Only where the capture is: reading and analysing it is the readers' work
+        # (`stepscope trace`, `stepscope diagnose`), never the training process's.
+        self.run.append_event({"type": "profile", "rank": self.rank,
+                               "path": str(out.relative_to(self.run.path)),
+                               "steps": [self.first, self.last], "stop_s": self._stop_s})
 
     def _rank_output(self) -> Path | None:
         assert self.dir is not None
         mine = [d for d in self.dir.glob("*_ascend_ms") if f"_{os.getpid()}_" in d.name]
         return max(mine, key=lambda d: d.stat().st_mtime) if mine else None
-
-    def _summary(self, out: Path) -> dict[str, Any]:
-        from ...traces.mindspore import read_rank_dir
-
-        record: dict[str, Any] = {"type": "profile", "rank": self.rank,
-                                  "path": str(out.relative_to(self.run.path)),
-                                  "steps": [self.first, self.last],
-                                  "stop_s": self._stop_s}
-        try:
-            table = read_rank_dir(out, self.rank)
-        except Exception as exc:  # the capture is archived either way; say why no summary
-            record["error"] = f"{type(exc).__name__}: {exc}"
-            return record
-        record.update(events=len(table), phase_source=table.meta.get("phase_source"),
-                      step_source=table.meta.get("step_source"),
-                      warnings=table.meta.get("warnings", []))
-        busy = phase_busy_us(table)
-        record["phase_busy_us"] = {str(k): {p: v for p, v in d.items() if not math.isnan(v)}
-                                   for k, d in busy.items()}
-        record["phase_names"] = list(PHASE_NAMES)
-        try:  # the trace analysis' own view of the same profile (idle, overlap, phases)
-            from ...analysis.trace.breakdown import analyze
-
-            ranks = analyze([table]).to_dict().get("ranks", {})
-            record["breakdown"] = {r: {k: v for k, v in row.items() if k != "steps"}
-                                   for r, row in ranks.items()}
-        except Exception as exc:  # archived either way; the event says why no breakdown
-            record["breakdown_error"] = f"{type(exc).__name__}: {exc}"
-        return record

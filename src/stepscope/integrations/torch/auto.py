@@ -31,7 +31,7 @@ Switches (environment of the child; set by ``stepscope run`` or ``stepscope isol
 ``STEPSCOPE_REPLAY_DATA=1``    DataLoaders replay their first K real batches (K =
                                ``STEPSCOPE_REPLAY_BATCHES``, default 8): data cost ~0
 ``STEPSCOPE_NOOP_GRAD_SYNC=1`` DDP comm hook returns local gradients (not a valid run)
-``STEPSCOPE_PROFILE_STEPS=a:b`` torch.profiler trace of steps a..b-1 into
+``STEPSCOPE_PROFILE_STEPS=a:b`` torch.profiler trace of steps a..b (both included) into
                                ``STEPSCOPE_PROFILE_DIR``
 ``STEPSCOPE_CROSS_RANK_EVERY`` steps between cross-rank gathers (default 20, 0 = off)
 =============================  ==============================================================
@@ -50,95 +50,16 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import math
 import os
 import sys
-import time
 import types
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Settings", "bootstrap", "install", "active"]
+from .settings import ENV_PREFIX, Settings, parse_steps
 
-ENV_PREFIX = "STEPSCOPE_"
+__all__ = ["Settings", "bootstrap", "install", "active", "parse_steps", "ENV_PREFIX"]
 
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(ENV_PREFIX + name, "").strip()
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        return default
-
-
-def _env_float(name: str) -> float:
-    raw = os.environ.get(ENV_PREFIX + name, "").strip()
-    try:
-        return float(raw) if raw else math.nan
-    except ValueError:
-        return math.nan
-
-
-def parse_steps(spec: str) -> tuple[int, int] | None:
-    """``"a:b"`` -> (a, b), half-open like a Python slice; ``"a"`` -> (a, a+1).
-
-    >>> parse_steps("3:5")
-    (3, 5)
-    """
-    spec = spec.strip()
-    if not spec:
-        return None
-    a, _, b = spec.partition(":")
-    start = int(a)
-    stop = int(b) if b else start + 1
-    if start < 0 or stop <= start:
-        raise ValueError(f"profile steps {spec!r}: expected a:b with 0 <= a < b")
-    return start, stop
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the environment asks for (see the module docstring for each switch)."""
-
-    run_dir: str
-    name: str = ""
-    max_steps: int = 0
-    replay_data: bool = False
-    replay_batches: int = 8
-    noop_grad_sync: bool = False
-    profile_steps: tuple[int, int] | None = None
-    profile_dir: str = ""
-    cross_rank_every: int = 20
-    # 1 = every step. Computing the norm reads every gradient once (~1 ms per 10M
-    # parameters on a CPU core); scripts that clip give it for free via clip_grad_norm_.
-    grad_norm_every: int = 1
-    tokens_per_step: float = math.nan
-    samples_per_step: float = math.nan
-
-    @classmethod
-    def from_env(cls) -> Settings | None:
-        run_dir = os.environ.get(ENV_PREFIX + "RUN_DIR", "").strip()
-        if not run_dir:
-            return None
-        try:
-            prof = parse_steps(os.environ.get(ENV_PREFIX + "PROFILE_STEPS", ""))
-        except ValueError:
-            prof = None
-        return cls(
-            run_dir=run_dir,
-            name=os.environ.get(ENV_PREFIX + "RUN_NAME", ""),
-            max_steps=_env_int("MAX_STEPS", 0),
-            replay_data=os.environ.get(ENV_PREFIX + "REPLAY_DATA", "") == "1",
-            replay_batches=max(1, _env_int("REPLAY_BATCHES", 8)),
-            noop_grad_sync=os.environ.get(ENV_PREFIX + "NOOP_GRAD_SYNC", "") == "1",
-            profile_steps=prof,
-            profile_dir=os.environ.get(ENV_PREFIX + "PROFILE_DIR", ""),
-            cross_rank_every=max(0, _env_int("CROSS_RANK_EVERY", 20)),
-            grad_norm_every=max(0, _env_int("GRAD_NORM_EVERY", 1)),
-            tokens_per_step=_env_float("TOKENS_PER_STEP"),
-            samples_per_step=_env_float("SAMPLES_PER_STEP"),
-        )
 
 
 _STATE: Any = None  # the AutoState of this process once torch is imported
@@ -154,6 +75,8 @@ def install(settings: Settings) -> Any:
     global _STATE
     if _STATE is not None:
         return _STATE
+    # Imported here, not at the top: every Python process of an instrumented job imports
+    # this module (sitecustomize), and only those that import torch need the hooks.
     from . import hooks
 
     _STATE = hooks.install(settings)
@@ -219,7 +142,3 @@ def bootstrap() -> None:
         return
     sys.meta_path.insert(0, _TorchImportHook(settings))
 
-
-def clock() -> float:
-    """The host clock every timing here uses (monotonic seconds)."""
-    return time.perf_counter()

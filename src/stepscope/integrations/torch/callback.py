@@ -1,33 +1,33 @@
-"""What the Hugging Face and Lightning callbacks share: phase timing fed to a Recorder.
+"""What the Hugging Face and Lightning callbacks share: run.json content and the session.
 
 A framework callback sees events (step begin, forward done, before optimizer step, step
-end) rather than the loop itself; :class:`PhaseClock` turns those events into one step row.
-Time between the previous step's end and this step's begin (the trainer fetching the
-next batches, logging, checkpointing) is recorded as ``data_wait_s``: it is the time the
-model waited, of which fetching is usually most.
+end) rather than the loop itself; the core's :class:`~stepscope.session.StepSession` turns
+those events into one step row (``begin``, ``mark``/``lap`` per phase, ``end``). Time between
+the previous step's end and this step's begin (the trainer fetching the next batches,
+logging, checkpointing) is recorded as ``data_wait_s``: it is the time the model waited, of
+which fetching is usually most.
 
-Used only by :mod:`.hf` and :mod:`.lightning`; under ``stepscope run`` the callbacks stand
+Used only by :mod:`..hf` and :mod:`..lightning`; under ``stepscope run`` the callbacks stand
 down and the zero-code hooks record instead (see :func:`.auto.active`).
 """
 
 from __future__ import annotations
 
-import math
 import os
-import time
 from typing import Any
 
 from ...recorder import Recorder
+from ...session import StepSession
+from ...store import utc_stamp
+from . import meta
+from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
 
-_NAN = math.nan
+__all__ = ["run_meta", "open_session", "Losses", "default_run_dir"]
 
 
 def run_meta(model: Any, optimizer: Any, integration: str, extra_baseline: dict[str, Any]
              ) -> dict[str, Any]:
     """run.json content a callback can see: fingerprint, optimizer, environment, 6N FLOPs."""
-    from . import meta
-    from .probes import environment, model_fingerprint, peak_flops_for_device
-
     baseline: dict[str, Any] = dict(model_fingerprint(model))
     device = None
     try:
@@ -38,8 +38,7 @@ def run_meta(model: Any, optimizer: Any, integration: str, extra_baseline: dict[
     except StopIteration:
         pass
     if optimizer is not None:
-        holder = type("H", (), {"baseline": baseline})()
-        meta.note_optimizer(holder, getattr(optimizer, "optimizer", optimizer))
+        meta.note_optimizer(baseline, getattr(optimizer, "optimizer", optimizer))
     baseline.update({k: v for k, v in extra_baseline.items() if v is not None})
     env = environment(device)
     n = baseline.get("num_params")
@@ -53,98 +52,34 @@ def run_meta(model: Any, optimizer: Any, integration: str, extra_baseline: dict[
             "config": {"instrumentation": integration}}
 
 
-class PhaseClock:
-    """Step rows from callback events. Times are ``perf_counter`` seconds.
+def open_session(run_dir: str, run_meta: dict[str, Any], rank: int, device: Any
+                 ) -> StepSession:
+    """The callback's recorder and session, with the device's memory probe."""
+    probe, mem_source = memory_probe(device)
+    run_meta.setdefault("environment", {})["mem_source"] = mem_source
+    return StepSession(Recorder(run_dir, meta=run_meta, rank=rank), mem_probe=probe)
 
-    Example::
 
-        pc = PhaseClock(Recorder("runs/x"))
-        pc.step_begin(); pc.forward_begin(); pc.forward_end(); pc.backward_end()
-        pc.optimizer_begin(); pc.optimizer_end(); pc.step_end(lr=1e-3)
-    """
+class Losses:
+    """The micro-batch losses of one step, read as floats, summed or averaged."""
 
-    def __init__(self, rec: Recorder, device: Any = None) -> None:
-        from .probes import memory_probe
+    def __init__(self) -> None:
+        self.values: list[float] = []
 
-        self.rec = rec
-        self.t_last = time.perf_counter()
-        self.t_mark = self.t_last
-        self.in_step = False
-        self.tokens = 0.0
-        self.samples = 0.0
-        self.losses: list[float] = []
-        self.probe, mem_source = memory_probe(device)
+    def add(self, value: Any) -> None:
         try:
-            rec.run.update_meta(environment={"mem_source": mem_source})
-        except Exception:  # measuring must never break training
-            pass
-
-    def step_begin(self) -> None:
-        now = time.perf_counter()
-        if self.in_step:
-            return
-        self.rec.add_time("data_wait", now - self.t_last)  # between steps: counts in this one
-        self.rec.start_step()
-        self.in_step = True
-        self.tokens = self.samples = 0.0
-        self.losses = []
-        self.t_mark = now
-
-    def batch(self, batch: Any) -> None:
-        from .probes import batch_counts
-
-        tokens, samples = batch_counts(batch)
-        if not math.isnan(tokens):
-            self.tokens += tokens
-        if not math.isnan(samples):
-            self.samples += samples
-
-    def loss(self, value: Any) -> None:
-        try:
-            self.losses.append(float(value.detach()) if hasattr(value, "detach")
+            self.values.append(float(value.detach()) if hasattr(value, "detach")
                                else float(value))
         except Exception:  # measuring must never break training
             pass
 
-    def _phase(self, name: str) -> None:
-        now = time.perf_counter()
-        if self.in_step:
-            self.rec.add_time(name, now - self.t_mark)
-        self.t_mark = now
-
-    def forward_begin(self) -> None:
-        self.t_mark = time.perf_counter()
-
-    def forward_end(self) -> None:
-        self._phase("forward")
-
-    def backward_end(self) -> None:
-        self._phase("backward")
-
-    def optimizer_begin(self) -> None:
-        self.t_mark = time.perf_counter()
-
-    def optimizer_end(self) -> None:
-        self._phase("optimizer")
-
-    def step_end(self, loss_reduce: str = "sum", **values: float | None) -> None:
-        """Close the step; ``None`` values were not seen (a NaN is the training's own)."""
-        if not self.in_step:
-            return
-        peak, alloc = self.probe()
-        logged: dict[str, float | None] = {
-            "tokens": self.tokens or None, "samples": self.samples or None,
-            "mem_peak_bytes": peak, "mem_alloc_bytes": alloc, **values}
-        if self.losses:
-            logged["loss"] = sum(self.losses) if loss_reduce == "sum" else \
-                sum(self.losses) / len(self.losses)
-        self.rec.log(**{k: v for k, v in logged.items() if v is not None})
-        self.rec.end_step()
-        self.in_step = False
-        self.t_last = time.perf_counter()
+    def take(self, reduce: str = "sum") -> float | None:
+        """The step's loss (None when none was seen); clears for the next step."""
+        vals, self.values = self.values, []
+        if not vals:
+            return None
+        return sum(vals) if reduce == "sum" else sum(vals) / len(vals)
 
 
 def default_run_dir(prefix: str) -> str:
-    from ...store import utc_stamp
-
     return os.path.join("runs", f"{prefix}-{utc_stamp()}")

@@ -12,9 +12,11 @@ Three pieces, all fed to :mod:`stepscope.integrations.torch.auto` (``stepscope r
 * Pure functions over those intervals: :func:`union_s` (communication wall time),
   :func:`exposed_after` (time not hidden behind backward compute) and
   :func:`wait_transfer` (how much of a bucket's time was waiting for the slowest rank).
-* :class:`CrossRank`: every N steps, per-rank medians are exchanged with one
-  ``all_gather`` of a small float tensor and turned into straggler scores by the
-  framework-free :mod:`.crossrank` (same ``cross_rank`` event as the MindSpore adapter).
+* Cross-rank view: every N steps the core's session gathers per-rank medians with
+  :func:`all_gather_rows` (one ``all_gather`` of a small float tensor, built by
+  :func:`cross_vector`); :func:`cross_rank_summary` scores them with the framework-free
+  ``common.crossrank`` (same ``cross_rank`` event as the MindSpore adapter) and adds the
+  DDP wait/transfer split.
 
 Example::
 
@@ -27,16 +29,18 @@ Example::
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..common.crossrank import cross_rank_event
+
 __all__ = [
     "CommStep",
     "CommTimer",
-    "CrossRank",
+    "all_gather_rows",
+    "cross_vector",
     "exposed_after",
     "patch_collectives",
     "timed_comm_hook",
@@ -338,62 +342,43 @@ CROSS_FIELDS: tuple[str, ...] = (
 )
 
 
-@dataclass
-class CrossRank:
-    """Gathers per-rank medians every ``every`` steps with one ``all_gather``.
+def cross_vector(medians: Sequence[float], launch: Sequence[float], done: Sequence[float],
+                 host_id: float) -> list[float]:
+    """One rank's gathered vector: its medians of :data:`CROSS_FIELDS` (the session's
+    window), the bucket marks of its latest step (padded to :data:`MAX_BUCKETS`), a host
+    identity (the wait/transfer split needs one clock)."""
+    pad = [math.nan] * MAX_BUCKETS
+    lv = (list(launch) + pad)[:MAX_BUCKETS]
+    dv = (list(done) + pad)[:MAX_BUCKETS]
+    return list(medians) + lv + dv + [host_id]
 
-    ``window`` holds this rank's recent rows (dicts of the :data:`CROSS_FIELDS`).
-    :meth:`gather` is a collective: every rank must call it at the same step.
-    """
 
-    every: int
-    host_id: float
-    window: list[dict[str, float]] = field(default_factory=list)
-
-    def add(self, row: dict[str, float]) -> None:
-        self.window.append(row)
-        if len(self.window) > max(1, self.every):
-            del self.window[0]
-
-    def _vector(self, launch: Sequence[float], done: Sequence[float]) -> list[float]:
-        vec = []
-        for name in CROSS_FIELDS:
-            vals = [r[name] for r in self.window if not math.isnan(r.get(name, math.nan))]
-            vec.append(statistics.median(vals) if vals else math.nan)
-        pad = [math.nan] * MAX_BUCKETS
-        lv = (list(launch) + pad)[:MAX_BUCKETS]
-        dv = (list(done) + pad)[:MAX_BUCKETS]
-        return vec + lv + dv + [self.host_id]
-
-    def gather(self, torch: Any, timer: CommTimer | None, step: int,
-               launch: Sequence[float], done: Sequence[float]) -> dict[str, Any]:
-        """Exchange vectors; return the cross-rank summary (same on every rank)."""
-        dist = torch.distributed
-        device = "cpu"
-        if dist.get_backend() == "nccl":
-            device = f"cuda:{torch.cuda.current_device()}"
-        # float64: epoch seconds need ~1e-6 s resolution, which float32 cannot hold.
-        mine = torch.tensor(self._vector(launch, done), dtype=torch.float64, device=device)
-        parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+def all_gather_rows(torch: Any, timer: CommTimer | None, vector: Sequence[float]
+                    ) -> list[list[float]]:
+    """Every rank's ``vector`` with one ``all_gather`` (a collective: all ranks call it)."""
+    dist = torch.distributed
+    device = "cpu"
+    if dist.get_backend() == "nccl":
+        device = f"cuda:{torch.cuda.current_device()}"
+    # float64: epoch seconds need ~1e-6 s resolution, which float32 cannot hold.
+    mine = torch.tensor(list(vector), dtype=torch.float64, device=device)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    if timer is not None:
+        timer.bypass = True  # stepscope's own collective is not the training's comm
+    try:
+        dist.all_gather(parts, mine)
+    finally:
         if timer is not None:
-            timer.bypass = True
-        try:
-            dist.all_gather(parts, mine)
-        finally:
-            if timer is not None:
-                timer.bypass = False
-        rows = [p.cpu().tolist() for p in parts]
-        return cross_rank_summary(step, rows)
+            timer.bypass = False
+    return [p.cpu().tolist() for p in parts]
 
 
 def cross_rank_summary(step: int, rows: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """The ``cross_rank`` event from the gathered vectors (pure; see :class:`CrossRank`).
+    """The ``cross_rank`` event from the gathered vectors (pure; see :func:`cross_vector`).
 
     Medians and straggler scores as :func:`.crossrank.cross_rank_event` builds them for
     every framework, scored on compute time; plus the DDP wait/transfer split.
     """
-    from ..common.crossrank import cross_rank_event
-
     nf = len(CROSS_FIELDS)
     out = cross_rank_event(step, CROSS_FIELDS, [row[:nf] for row in rows], "compute_s")
     launch = [row[nf:nf + MAX_BUCKETS] for row in rows]

@@ -27,18 +27,20 @@ import sys
 import threading
 from typing import Any
 
+import torch
+
 from . import ddp, meta
+from .replay import Replay
+from .settings import Settings
 from .state import AutoState
 
 _NAN = float("nan")
 
 
-def install(settings: Any) -> AutoState:
-    import torch
-
-    from .auto import clock
-
-    st = AutoState(settings, torch, clock)
+def install(settings: Settings) -> AutoState:
+    """The process state with every hook installed (torch is imported by now)."""
+    st = AutoState(settings, torch)
+    _plug_meta(st)
     _optimizer_hooks(st)
     _module_hooks(st)
     _autograd_hooks(st)
@@ -47,6 +49,17 @@ def install(settings: Any) -> AutoState:
     _ddp_hooks(st)
     _exit_hooks(st)
     return st
+
+
+def _plug_meta(st: AutoState) -> None:
+    """What the process does besides timing (:mod:`.meta`), at the state's seams."""
+    st.on_recorder = on_sigterm
+    st.on_model = meta.note_model
+    st.on_optimizer = lambda s, opt: meta.note_optimizer(s.baseline, opt)
+    st.before_optimizer_step = meta.maybe_cross_rank
+    st.after_boundary = meta.after_boundary
+    st.before_close = meta.stop_profiler
+    st.at_close = meta.write_summary
 
 
 def _optimizer_hooks(st: AutoState) -> None:
@@ -84,7 +97,6 @@ def _optimizer_hooks(st: AutoState) -> None:
 
 
 def _module_hooks(st: AutoState) -> None:
-    import torch
     from torch.nn.modules.module import (
         register_module_forward_hook,
         register_module_forward_pre_hook,
@@ -127,8 +139,6 @@ def _module_hooks(st: AutoState) -> None:
 
 
 def _autograd_hooks(st: AutoState) -> None:
-    import torch
-
     clock = st.clock
 
     def timed(orig: Any, first_tensor: Any) -> Any:
@@ -171,8 +181,6 @@ def _autograd_hooks(st: AutoState) -> None:
 def _loader_hook(st: AutoState) -> None:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    from .replay import Replay
-
     orig = _BaseDataLoaderIter.__next__
     clock = st.clock
     replay = Replay(st.settings.replay_batches) if st.settings.replay_data else None
@@ -203,8 +211,6 @@ def _loader_hook(st: AutoState) -> None:
 
 
 def _misc_hooks(st: AutoState) -> None:
-    import torch
-
     orig_clip = torch.nn.utils.clip_grad_norm_
 
     @functools.wraps(orig_clip)
@@ -266,8 +272,6 @@ def _scaler_hooks(st: AutoState, scaler_cls: Any) -> None:
 
 
 def _ddp_hooks(st: AutoState) -> None:
-    import torch
-
     if not torch.distributed.is_available():
         return
     from torch.nn.parallel import DistributedDataParallel as DDP

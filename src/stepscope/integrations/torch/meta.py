@@ -4,8 +4,9 @@
   hyper-parameters, precision, seed, world size, framework versions, git commit) is
   written to run.json by rank 0 after the first step.
 * Every ``STEPSCOPE_CROSS_RANK_EVERY`` steps the ranks exchange medians
-  (:class:`.ddp.CrossRank`); rank 0 appends a ``cross_rank`` event to events.jsonl and every
-  rank logs its straggler score on the step.
+  through the core session's window (:meth:`~stepscope.session.StepSession.cross_rank`,
+  gathered with :func:`.ddp.all_gather_rows`); rank 0 appends a ``cross_rank`` event to
+  events.jsonl and every rank logs its straggler score on the step.
 * ``STEPSCOPE_PROFILE_STEPS`` drives a ``torch.profiler`` capture; ``STEPSCOPE_MAX_STEPS``
   stops the script.
 * At exit, what was expected but never seen (no optimizer step, no loss, no DataLoader)
@@ -14,15 +15,20 @@
 
 from __future__ import annotations
 
-import math
 import os
+import socket
 import sys
 import time
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 from ...analysis.findings import Finding
+from ...calc.flops import flops_per_token
+from ...calc.model import ModelSpec
 from . import ddp
+from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
+from .state import AutoState
 
 # Optimizer hyper-parameters copied into run.json (plain numbers/bools/tuples only).
 _OPT_KEYS = ("lr", "betas", "momentum", "eps", "weight_decay", "nesterov", "amsgrad",
@@ -35,10 +41,8 @@ def _dist(torch: Any) -> Any:
     return d if d.is_available() and d.is_initialized() else None
 
 
-def note_model(st: Any, module: Any) -> None:
+def note_model(st: AutoState, module: Any) -> None:
     """First outermost module with parameters: fingerprint, device, memory probe."""
-    from .probes import memory_probe, model_fingerprint
-
     torch = st.torch
     inner = getattr(module, "module", module)  # DDP wraps the model in .module
     try:
@@ -63,17 +67,18 @@ def note_model(st: Any, module: Any) -> None:
         st.baseline["autocast_dtype"] = str(autocast[0]).replace("torch.", "")
 
 
-def note_optimizer(st: Any, opt: Any) -> None:
+def note_optimizer(baseline: dict[str, Any], opt: Any) -> None:
+    """The optimizer's class and first group's hyper-parameters into ``baseline``."""
     groups = opt.param_groups
-    st.baseline["optimizer"] = type(opt).__name__
+    baseline["optimizer"] = type(opt).__name__
     if groups:
         hp = {k: _plain(groups[0][k]) for k in _OPT_KEYS if k in groups[0]}
-        st.baseline["optimizer_hparams"] = hp
+        baseline["optimizer_hparams"] = hp
         if "lr" in hp:
-            st.baseline["lr"] = hp["lr"]
+            baseline["lr"] = hp["lr"]
         if "weight_decay" in hp:
-            st.baseline["weight_decay"] = hp["weight_decay"]
-        st.baseline["param_groups"] = len(groups)
+            baseline["weight_decay"] = hp["weight_decay"]
+        baseline["param_groups"] = len(groups)
 
 
 def _plain(v: Any) -> Any:
@@ -87,7 +92,7 @@ def _plain(v: Any) -> Any:
         return str(v)
 
 
-def _precision(st: Any) -> str:
+def _precision(st: AutoState) -> str:
     dtype = str(st.baseline.get("param_dtype", "float32"))
     auto = st.baseline.get("autocast_dtype")
     short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -96,10 +101,8 @@ def _precision(st: Any) -> str:
     return short.get(dtype, dtype)
 
 
-def _write_baseline(st: Any) -> None:
+def _write_baseline(st: AutoState) -> None:
     """Rank 0, after the first step: the fingerprint into run.json."""
-    from .probes import environment, peak_flops_for_device
-
     torch = st.torch
     dist = _dist(torch)
     world = dist.get_world_size() if dist is not None else 1
@@ -129,18 +132,19 @@ def _write_baseline(st: Any) -> None:
     env["mem_source"] = st.config.get("mem_source", "")
     config = dict(st.config)
     config["world_size"] = world
-    st.rec.run.update_meta(baseline=b, environment=env, config=config)
+    if st.rec is not None:
+        st.rec.run.update_meta(baseline=b, environment=env, config=config)
 
 
 def six_n(num_params: int) -> dict[str, Any]:
-    """run.json FLOPs fields for the 6N convention (all an adapter can know of a model).
-
-    6N per token: forward 2N + backward 4N (a multiply-add = 2 FLOPs), no attention term,
-    no recompute — the field report's convention; HFU then equals MFU.
-    """
-    return {"flops_per_token": 6.0 * num_params,
-            "hardware_flops_per_token": 6.0 * num_params,
-            "flops_convention": "6N (field report; no attention term, no recompute)"}
+    """run.json FLOPs fields for the calculator's ``6n`` convention (all an adapter can
+    know of a model is its parameter count); no recompute, so HFU equals MFU."""
+    # The 6n convention reads only the parameter count: it has no attention term, so the
+    # shape fields ModelSpec requires (layers, hidden, seq_len) do not enter the result.
+    est = flops_per_token(ModelSpec(layers=1, hidden=1, seq_len=1, params=num_params), "6n")
+    return {"flops_per_token": est.flops_per_token,
+            "hardware_flops_per_token": est.hardware_flops_per_token,
+            "flops_convention": f"{est.convention}: {est.source}"}
 
 
 def _script_dir() -> str:
@@ -148,7 +152,7 @@ def _script_dir() -> str:
     return os.path.dirname(os.path.abspath(path)) or "."
 
 
-def after_boundary(st: Any) -> None:
+def after_boundary(st: AutoState) -> None:
     """Once-per-step work after a row was queued (each part guarded on its own)."""
     n = st.step_index  # steps completed so far
     if n == 1 and st.rank == 0:
@@ -175,26 +179,42 @@ def after_boundary(st: Any) -> None:
         raise SystemExit(0)
 
 
-def _note_config(st: Any, config: dict[str, Any]) -> None:
+def _note_config(st: AutoState, config: dict[str, Any]) -> None:
     try:
-        st.rec.run.update_meta(config=config)
+        if st.rec is not None:
+            st.rec.run.update_meta(config=config)
     except Exception as exc:
         st.failed("run.json update", exc)
 
 
-def _start_cross_rank(st: Any) -> None:
-    """After the first step: keep a window of rows when there are ranks to compare."""
+def _start_cross_rank(st: AutoState) -> None:
+    """After the first step: compare ranks when there are ranks to compare."""
     dist = _dist(st.torch)
-    if dist is None or dist.get_world_size() < 2:
+    if dist is None or dist.get_world_size() < 2 or st.session is None:
         return
-    import socket
-
     host = float(zlib.crc32(socket.gethostname().encode()))
-    st.cross = ddp.CrossRank(every=st.settings.cross_rank_every, host_id=host)
+    every = st.settings.cross_rank_every
+
+    def gather(medians: list[float]) -> list[list[float]]:
+        comm = st.last_comm
+        # Bucket wall marks are host readings; on CUDA they are launch/callback times, not
+        # device times, so the wait/transfer split is not attempted there.
+        launch = comm.bucket_launch_wall if comm is not None and not st.cuda else []
+        done = comm.bucket_done_wall if comm is not None and not st.cuda else []
+        return ddp.all_gather_rows(st.torch, st.comm,
+                                   ddp.cross_vector(medians, launch, done, host))
+
+    st.session.enable_cross_rank(gather, world=dist.get_world_size(), every=every,
+                                 names=ddp.CROSS_FIELDS, window=every,
+                                 event=_cross_event)
     st.flush(block=True)  # the first row (already emitted on CPU) joins the window
 
 
-def maybe_cross_rank(st: Any) -> None:
+def _cross_event(step: int, rows: Sequence[Sequence[float]]) -> dict[str, Any]:
+    return ddp.cross_rank_summary(step, rows)
+
+
+def maybe_cross_rank(st: AutoState) -> None:
     """Called in the primary optimizer's pre-hook: gather every N completed steps.
 
     Inside the step (before ``optimizer.step``) rather than between steps, so that the
@@ -202,39 +222,19 @@ def maybe_cross_rank(st: Any) -> None:
     they would otherwise wait for in the next all-reduce — stays in a step, and in the
     same step the script's own timestamps put it in.
     """
-    n = st.step_index
-    if st.cross is None or n == 0 or n % st.settings.cross_rank_every or n == st.cross_done:
+    s = st.session
+    if s is None or s.cross is None or not s.cross.due(st.step_index):
         return
-    st.cross_done = n
     t0 = st.clock()
     try:
-        _cross_rank(st)
+        st.flush(block=True)  # every completed step (one behind on CUDA) in the window
+        s.cross_rank()
     except Exception as exc:
         st.failed("cross-rank gather", exc)
     st.cur.tool += st.clock() - t0
 
 
-def _cross_rank(st: Any) -> None:
-    torch = st.torch
-    st.flush(block=True)
-    comm = st.last_comm
-    # Bucket wall marks are host readings; on CUDA they are launch/callback times, not
-    # device times, so the wait/transfer split is not attempted there.
-    launch = comm.bucket_launch_wall if comm is not None and not st.cuda else []
-    done = comm.bucket_done_wall if comm is not None and not st.cuda else []
-    step = st.step_index - 1
-    event = st.cross.gather(torch, st.comm, step, launch, done)
-    if st.rank == 0:
-        st.rec.run.append_event(event)
-    me = str(st.rank)
-    extra = {"straggler_score": event["straggler_scores"].get(me, math.nan)}
-    if "comm_wait_s" in event:
-        extra["comm_wait_s"] = event["comm_wait_s"][me]
-        extra["comm_transfer_s"] = event["comm_transfer_s"][me]
-    st.rec.log(**{k: v for k, v in extra.items() if not math.isnan(v)})
-
-
-def _profiler_step(st: Any, n: int) -> None:
+def _profiler_step(st: AutoState, n: int) -> None:
     """Profile steps [start, stop): ``n`` steps are complete, so step ``n`` begins now."""
     window = st.settings.profile_steps
     if window is None or not st.settings.profile_dir:
@@ -249,7 +249,7 @@ def _profiler_step(st: Any, n: int) -> None:
             stop_profiler(st)
 
 
-def _start_profiler(st: Any, start: int, stop: int) -> Any:
+def _start_profiler(st: AutoState, start: int, stop: int) -> Any:
     torch = st.torch
     prof_mod = torch.profiler
     acts = [prof_mod.ProfilerActivity.CPU]
@@ -270,7 +270,7 @@ def _start_profiler(st: Any, start: int, stop: int) -> Any:
     return prof
 
 
-def stop_profiler(st: Any) -> None:
+def stop_profiler(st: AutoState) -> None:
     """Stop a capture still running (run ended early); the trace is saved on stop."""
     prof = st.profiler
     if prof is None:
@@ -282,8 +282,10 @@ def stop_profiler(st: Any) -> None:
         st.failed("profiler export", exc)
 
 
-def write_summary(st: Any, status: str, error: str | None) -> None:
+def write_summary(st: AutoState, status: str, error: str | None) -> None:
     """At exit: what was seen, what was missing (as findings), crash events per rank."""
+    if st.rec is None:
+        return
     run = st.rec.run
     missing = _missing(st)
     if status == "failed":  # every rank: `stepscope run` names the first to fail
@@ -309,7 +311,7 @@ def write_summary(st: Any, status: str, error: str | None) -> None:
         st.failed("run.json summary", exc)
 
 
-def _missing(st: Any) -> list[Finding]:
+def _missing(st: AutoState) -> list[Finding]:
     out: list[Finding] = []
 
     def miss(what: str, why: str) -> None:
@@ -322,7 +324,7 @@ def _missing(st: Any) -> list[Finding]:
         return out
     if st.first_micro == 0:
         miss("loss", "backward() was never called on a tensor (closure or custom autograd?)")
-    if not getattr(st, "saw_loader", False):
+    if not st.saw_loader:
         miss("data wait", "no torch.utils.data.DataLoader was iterated; data_wait_s is "
              "absent and tokens come from the model's inputs")
     return out

@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ...calc import hardware
 from ...envinfo import (
     code_version,
     cpu_model_name,
@@ -188,8 +189,6 @@ def peak_flops_for_device(device: Any = None, dtype: str = "fp32"
     Uses the calculator's table (``stepscope.calc.hardware``). Returns ``(None, why)``
     when the device is unknown: MFU is then reported as unavailable, never guessed.
     """
-    from ...calc import hardware
-
     info = device_info(device)
     if info["device_kind"] == "cpu":
         entry, why = cpu_peak_here(dtype, threads=info.get("cpu_threads"))

@@ -1,10 +1,14 @@
 """Per-process state of the zero-code instrumentation: the open step and its emission.
 
 The hooks in :mod:`.hooks` only call the ``on_*`` methods here. A step's numbers are
-accumulated in a :class:`StepData`; at the step boundary (the primary optimizer's post-hook)
-the whole row is handed to the :class:`~stepscope.recorder.Recorder` at once, with the
-recorder's injected clock pinned to the step's measured start and end. A half-finished step
-(e.g. evaluation after the last optimizer step, or a crash) is therefore never written.
+accumulated in a :class:`~.values.StepData`; at the step boundary (the primary optimizer's
+post-hook) the whole step is handed, as measured, to the core's
+:class:`~stepscope.session.StepSession`. A half-finished step (e.g. evaluation after the
+last optimizer step, or a crash) is therefore never written.
+
+What the process does besides timing (run.json, cross-rank, profiler, SIGTERM) lives in
+:mod:`.meta` and :mod:`.hooks`; :func:`.hooks.install` plugs it in through the ``on_*``
+attributes of :class:`AutoState` (so this module imports neither).
 
 On CUDA, rows are emitted one step late: loss, gradient norm, loss scale and the CUDA
 events of the communication timer are read once the device has finished them, so that no
@@ -20,12 +24,16 @@ import threading
 import time
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from ...recorder import Recorder
+from ...session import StepSession
 from . import ddp
+from .probes import MemProbe, batch_counts
+from .settings import Settings
 from .values import (
+    StepData,
     emit,
     env_rank,
     grad_norm_tensor,
@@ -37,67 +45,28 @@ from .values import (
 _NAN = math.nan
 
 
-class PinClock:
-    """A clock that returns a pinned value while pinned (lets rows carry measured times)."""
-
-    __slots__ = ("_fn", "_pinned")
-
-    def __init__(self, fn: Any) -> None:
-        self._fn = fn
-        self._pinned: float | None = None
-
-    def __call__(self) -> float:
-        p = self._pinned
-        return self._fn() if p is None else p
-
-    def pin(self, value: float | None) -> None:
-        self._pinned = value
-
-
-@dataclass
-class StepData:
-    """Everything measured for one optimizer step (seconds, counts, raw values)."""
-
-    t_start: float = _NAN
-    t_end: float = _NAN
-    wall_end: float = _NAN
-    data_wait: float = 0.0
-    forward: float = 0.0
-    backward: float = 0.0
-    optimizer: float = 0.0
-    loader_batches: int = 0
-    loader_tokens: float = 0.0
-    loader_samples: float = 0.0
-    fwd_tokens: float = 0.0
-    fwd_samples: float = 0.0
-    fwd_calls: int = 0  # outermost calls of a module with parameters
-    fwd_counted: int = 0  # ... of which token ids were found in the inputs
-    micro: int = 0
-    losses: list[Any] = field(default_factory=list)
-    lr: float = _NAN
-    grad_norm: Any = None
-    loss_scale: Any = None
-    overflow: float = _NAN
-    mem: tuple[float, float] = (_NAN, _NAN)
-    comm: list[Any] = field(default_factory=list)
-    compute_end: Any = None
-    extra: dict[str, float] = field(default_factory=dict)
-    # CUDA only: (phase, start event, end event) and an event at the step's end.
-    dev: list[tuple[str, Any, Any]] = field(default_factory=list)
-    done_event: Any = None
-    tool: float = 0.0  # stepscope's own time inside the step (emission, gathers)
+def _nothing(*args: Any) -> None:
+    return None
 
 
 class AutoState:
     """The instrumented process: recorder (created lazily), open step, fingerprint."""
 
-    def __init__(self, settings: Any, torch: Any, clock: Any) -> None:
+    def __init__(self, settings: Settings, torch: Any,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.settings = settings
         self.torch = torch
         self.clock = clock
         self.rec: Recorder | None = None
-        self.pin = PinClock(clock)
-        self.pin_wall = PinClock(time.time)
+        self.session: StepSession | None = None
+        # Plugged in by hooks.install (see the module docstring).
+        self.on_recorder: Callable[[AutoState], None] = _nothing
+        self.on_model: Callable[[AutoState, Any], None] = _nothing
+        self.on_optimizer: Callable[[AutoState, Any], None] = _nothing
+        self.before_optimizer_step: Callable[[AutoState], None] = _nothing
+        self.after_boundary: Callable[[AutoState], None] = _nothing
+        self.before_close: Callable[[AutoState], None] = _nothing
+        self.at_close: Callable[[AutoState, str, str | None], None] = _nothing
         self.cur = StepData()
         self.open = False
         self.step_index = 0
@@ -117,7 +86,7 @@ class AutoState:
         self.param_cache: dict[int, bool] = {}
         self.device: Any = None
         self.cuda = False
-        self.mem_probe: Any = None
+        self.mem_probe: MemProbe | None = None
         self.baseline: dict[str, Any] = {}
         self.config: dict[str, Any] = {}
         self.notes: dict[str, str] = {}
@@ -126,8 +95,6 @@ class AutoState:
         self.lock = threading.Lock()
         self.comm = ddp.CommTimer(clock=clock, wall=time.time)
         self.comm.phase = self._phase_now
-        self.cross: ddp.CrossRank | None = None
-        self.cross_done = -1
         self.profiler: Any = None
         self.rank = env_rank()
         self.first_micro = 0
@@ -165,15 +132,12 @@ class AutoState:
         meta: dict[str, Any] = {"environment": env, "config": {"instrumentation": "auto"}}
         if self.settings.name:
             meta["name"] = self.settings.name
-        self.rec = Recorder(self.settings.run_dir, meta=meta, rank=self.rank,
-                            clock=self.pin, wall_clock=self.pin_wall)
-        from . import hooks
-
-        hooks.on_sigterm(self)
+        self.rec = Recorder(self.settings.run_dir, meta=meta, rank=self.rank, clock=self.clock)
+        self.session = StepSession(self.rec, clock=self.clock)
+        self.session.gather_after_step = False  # gathered inside a step (meta)
+        self.on_recorder(self)
 
     def on_batch(self, batch: Any, seconds: float) -> None:
-        from .probes import batch_counts
-
         d = self.cur
         if not self.open and math.isnan(d.t_start):
             d.t_start = self.clock() - seconds  # the first step starts with its first fetch
@@ -206,7 +170,7 @@ class AutoState:
             has_params = any(True for _ in module.parameters())
             self.param_cache[key] = has_params
             if has_params:
-                self._first_model(module)
+                self.on_model(self, module)
                 # Global pre-hooks see positional arguments only; models called with
                 # keywords (Hugging Face: model(**batch)) are read by a per-module hook
                 # with kwargs, which runs right after this one from the next call on.
@@ -230,8 +194,6 @@ class AutoState:
             self.failed("forward kwargs hook", exc)
 
     def _count_inputs(self, inputs: Any) -> None:
-        from .probes import batch_counts
-
         tokens, samples = batch_counts(inputs)
         self.root_counted = not math.isnan(tokens)
         if self.root_counted:  # token ids seen: count them and their samples
@@ -264,11 +226,6 @@ class AutoState:
         ev.record()
         return ev
 
-    def _first_model(self, module: Any) -> None:
-        from . import meta
-
-        meta.note_model(self, module)
-
     def on_backward(self, tensor: Any, seconds: float) -> None:
         d = self.cur
         d.backward += seconds
@@ -288,9 +245,7 @@ class AutoState:
         """Returns True when ``opt`` is the primary optimizer (its steps are boundaries)."""
         if self.primary is None:
             self.primary = weakref.ref(opt)
-            from . import meta
-
-            meta.note_optimizer(self, opt)
+            self.on_optimizer(self, opt)
         if self.primary() is not opt:
             return False
         self.activity()
@@ -303,10 +258,7 @@ class AutoState:
         elif self.settings.grad_norm_every and \
                 self.step_index % self.settings.grad_norm_every == 0:
             d.grad_norm = grad_norm_tensor(self.torch, groups)
-        if self.cross is not None:
-            from . import meta
-
-            meta.maybe_cross_rank(self)
+        self.before_optimizer_step(self)
         self.dev_begin("optimizer")
         self.t_opt0 = self.clock()
         return True
@@ -344,9 +296,7 @@ class AutoState:
         self.open = False
         self.step_index += 1
         self.flush(block=False)
-        from . import meta
-
-        meta.after_boundary(self)
+        self.after_boundary(self)
         # Emission, profiler steps and the like ran inside the next step: say so (tool_s).
         self.cur.tool += max(0.0, self.clock() - self.cur.t_start)
 
@@ -361,8 +311,10 @@ class AutoState:
                     return  # the device is still on it: read it at a later boundary
                 ev.synchronize()  # at most two steps behind, or the run is ending
             self.pending.pop(0)
+            if self.session is None:
+                continue
             try:
-                emit(self, d)
+                self.last_comm = emit(self.session, self.settings, d, self.saw_loader)
             except Exception as exc:
                 self.failed("step emission", exc)
 
@@ -374,14 +326,12 @@ class AutoState:
             if self.closed:
                 return
             self.closed = True
-        from . import meta
-
-        meta.stop_profiler(self)
+        self.before_close(self)  # e.g. stop a profiler still running
         self.flush(block=True)
         rec = self.rec
         if rec is None:
             return
-        meta.write_summary(self, status, error)
+        self.at_close(self, status, error)
         rec.close(status=status, error=error)
 
 

@@ -10,11 +10,48 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
+from ...session import StepSession
 from . import ddp
+from .settings import Settings
 
 _NAN = math.nan
+
+
+@dataclass
+class StepData:
+    """Everything measured for one optimizer step (seconds, counts, raw values)."""
+
+    t_start: float = _NAN
+    t_end: float = _NAN
+    wall_end: float = _NAN
+    data_wait: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    optimizer: float = 0.0
+    loader_batches: int = 0
+    loader_tokens: float = 0.0
+    loader_samples: float = 0.0
+    fwd_tokens: float = 0.0
+    fwd_samples: float = 0.0
+    fwd_calls: int = 0  # outermost calls of a module with parameters
+    fwd_counted: int = 0  # ... of which token ids were found in the inputs
+    micro: int = 0
+    losses: list[Any] = field(default_factory=list)
+    lr: float = _NAN
+    grad_norm: Any = None
+    loss_scale: Any = None
+    overflow: float = _NAN
+    mem: tuple[float, float] = (_NAN, _NAN)
+    comm: list[Any] = field(default_factory=list)
+    compute_end: Any = None
+    extra: dict[str, float] = field(default_factory=dict)
+    # CUDA only: (phase, start event, end event) and an event at the step's end.
+    dev: list[tuple[str, Any, Any]] = field(default_factory=list)
+    done_event: Any = None
+    tool: float = 0.0  # stepscope's own time inside the step (emission, gathers)
 
 
 def scalar(value: Any) -> float:
@@ -71,8 +108,9 @@ def shape_of(obj: Any, torch: Any) -> Any:
     return type(obj).__name__
 
 
-def cross_row(d: Any, comm: ddp.CommStep, forward: float, backward: float
-               ) -> dict[str, float]:
+def cross_row(d: StepData, comm: ddp.CommStep, forward: float, backward: float
+              ) -> dict[str, float]:
+    """This step's values of the cross-rank quantities (:data:`.ddp.CROSS_FIELDS`)."""
     exposed = _NAN if math.isnan(comm.exposed_s) else comm.exposed_s
     return {
         "step_time_s": d.t_end - d.t_start, "data_wait_s": d.data_wait,
@@ -82,12 +120,9 @@ def cross_row(d: Any, comm: ddp.CommStep, forward: float, backward: float
     }
 
 
-def emit(st: Any, d: Any) -> None:
-    """Hand one finished step to the recorder, its clocks pinned to the measured times."""
-    rec = st.rec
-    if rec is None:
-        return
-    s = st.settings
+def emit(session: StepSession, settings: Settings, d: StepData, saw_loader: bool
+         ) -> ddp.CommStep:
+    """Hand one finished step to the session as measured; returns its communication."""
     # The model's own inputs when every outermost call of the step showed token ids
     # (exact: a script that slices targets off the batch feeds fewer tokens than the
     # loader produced, and a loader may prefetch), else the DataLoader batches drawn
@@ -95,10 +130,10 @@ def emit(st: Any, d: Any) -> None:
     use_fwd = (d.fwd_counted > 0 and d.fwd_counted == d.fwd_calls) or not d.loader_batches
     tokens = d.fwd_tokens if use_fwd else d.loader_tokens
     samples = d.fwd_samples if use_fwd else d.loader_samples
-    if not math.isnan(s.tokens_per_step):
-        tokens = s.tokens_per_step
-    if not math.isnan(s.samples_per_step):
-        samples = s.samples_per_step
+    if not math.isnan(settings.tokens_per_step):
+        tokens = settings.tokens_per_step
+    if not math.isnan(settings.samples_per_step):
+        samples = settings.samples_per_step
     comm = ddp.summarize_comm(d.comm, d.compute_end)
     exp = comm.exposed_by_phase
     if d.dev:  # CUDA: device time between the phase marks replaces host time
@@ -109,30 +144,19 @@ def emit(st: Any, d: Any) -> None:
     # Blocking communication inside a phase is comm_exposed_s, not that phase.
     forward = max(0.0, d.forward - exp.get("forward", 0.0))
     backward = max(0.0, d.backward - exp.get("backward", 0.0))
+    phases = {"forward": forward, "backward": backward, "optimizer": d.optimizer}
+    if d.tool > 0:
+        phases["tool"] = d.tool
+    if saw_loader:  # without a DataLoader the wait is unknown, not zero
+        phases["data_wait"] = d.data_wait
     values = step_values(d, comm, tokens, samples)
-    st.pin.pin(d.t_start)
-    st.pin_wall.pin(d.wall_end)
-    try:
-        rec.start_step()
-        if d.tool > 0:
-            rec.add_time("tool", d.tool)
-        if st.saw_loader:  # without a DataLoader the wait is unknown, not zero
-            rec.add_time("data_wait", d.data_wait)
-        rec.add_time("forward", forward)
-        rec.add_time("backward", backward)
-        rec.add_time("optimizer", d.optimizer)
-        rec.log(**values)
-        st.pin.pin(d.t_end)
-        rec.end_step()
-    finally:
-        st.pin.pin(None)
-        st.pin_wall.pin(None)
-    if st.cross is not None:
-        st.cross.add(cross_row(d, comm, forward, backward))
-    st.last_comm = comm
+    session.record(d.t_start, d.t_end, wall_end_s=d.wall_end,
+                   tokens=values.pop("tokens", _NAN), samples=values.pop("samples", _NAN),
+                   phases=phases, values=values, cross=cross_row(d, comm, forward, backward))
+    return comm
 
 
-def step_values(d: Any, comm: ddp.CommStep, tokens: float, samples: float
+def step_values(d: StepData, comm: ddp.CommStep, tokens: float, samples: float
                 ) -> dict[str, float]:
     """The row's values; only what was seen (a NaN here is the training's own NaN)."""
     values: dict[str, float] = {"overflow": d.overflow, "micro_batches": float(d.micro)}

@@ -1,0 +1,62 @@
+"""What every command shares: the one JSON emitter and the one run loader.
+
+``emit_json`` writes every ``--json`` document (indented, numpy scalars and arrays as
+numbers, anything else as its ``str``). ``load_steps`` opens a run directory and reads its
+step records, with one message when a command needs steps and the run has none.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import StepscopeError
+from ..schema import RunMeta, StepTable
+from ..store import ReadStats, RunDir
+
+__all__ = ["emit_json", "RunSteps", "load_steps"]
+
+
+def emit_json(obj: Any, *, one_line: bool = False) -> None:
+    """Print ``obj`` as the command's ``--json`` document on stdout.
+
+    ``one_line``: no indentation, for commands whose stdout also carries another program's
+    output (``stepscope run``: the outcome is the last line after the training script's).
+    """
+    option = orjson.OPT_SERIALIZE_NUMPY | (0 if one_line else orjson.OPT_INDENT_2)
+    sys.stdout.flush()  # whatever click.echo or print wrote first stays first
+    sys.stdout.buffer.write(orjson.dumps(obj, option=option, default=str) + b"\n")
+    sys.stdout.flush()
+
+
+@dataclass
+class RunSteps:
+    """A run directory opened and read: handle, run.json, step table, what was skipped."""
+
+    run: RunDir
+    meta: RunMeta
+    table: StepTable
+    stats: ReadStats
+
+
+def load_steps(path: str | Path, *, require: bool = True) -> RunSteps:
+    """Open and read a run; raises StepscopeError on bad input, or (``require``) no steps.
+
+    Example::
+
+        loaded = load_steps("runs/exp1")
+        loaded.table["step_time_s"]
+    """
+    run = RunDir.open(path)
+    meta = run.read_meta()
+    table, stats = run.read_steps()
+    if require and not len(table):
+        raise StepscopeError(
+            f"{run.path} has no step records ({stats.files} step file(s), {stats.skipped} "
+            "unreadable record(s)); record steps with stepscope.Recorder or run the "
+            "training script under `stepscope run` (it must call optimizer.step())")
+    return RunSteps(run, meta, table, stats)

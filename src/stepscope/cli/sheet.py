@@ -1,0 +1,55 @@
+"""The health-check sheet of a run, as ``report`` and ``demo`` load, print and save it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..analysis.diagnose import diagnose
+from ..analysis.findings import Finding, severity_rank
+from ..analysis.summary import Sheet, summarize
+from ..report.html import render_html
+from ..schema import RunMeta, StepTable
+from ..store import ReadStats, RunDir
+from .common import load_steps
+
+__all__ = ["LoadedRun", "load_run", "write_html", "sheet_json"]
+
+
+@dataclass
+class LoadedRun:
+    run: RunDir
+    meta: RunMeta
+    table: StepTable
+    stats: ReadStats
+    sheet: Sheet
+    findings: list[Finding]
+    events: list[dict[str, Any]]
+
+
+def load_run(path: str | Path) -> LoadedRun:
+    """Open, read and analyse a run directory (raises StepscopeError on bad input)."""
+    rs = load_steps(path)
+    events, _ = rs.run.read_events()
+    sheet = summarize(rs.table, rs.meta, skipped_records=rs.stats.skipped)
+    result = diagnose(rs.table, rs.meta, events=events)
+    findings = sorted(result.findings, key=lambda f: severity_rank(f.severity))
+    return LoadedRun(rs.run, rs.meta, rs.table, rs.stats, sheet, findings, events)
+
+
+def write_html(loaded: LoadedRun, out: Path | None = None,
+               sections: tuple[tuple[str, str], ...] = ()) -> Path:
+    """Render the report and have the store write it (RUN/report.html, or ``out``)."""
+    text = render_html(loaded.sheet, loaded.meta, loaded.table, loaded.findings, sections)
+    return loaded.run.write_report(text, out)
+
+
+def sheet_json(loaded: LoadedRun) -> dict[str, Any]:
+    d = loaded.sheet.to_dict()
+    d["run"] = {"path": str(loaded.run.path), "run_id": loaded.meta.run_id,
+                "name": loaded.meta.name, "status": loaded.meta.status,
+                "error": loaded.meta.error}
+    d["findings"] = [f.to_dict() for f in loaded.findings]
+    d["read_problems"] = loaded.stats.problems
+    return d
