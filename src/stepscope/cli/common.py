@@ -55,8 +55,12 @@ def load_steps(path: str | Path, *, require: bool = True) -> RunSteps:
     meta = run.read_meta()
     table, stats = run.read_steps()
     if require and not len(table):
+        # the instrumentation's own account of why, when it left one in events.jsonl
+        why = [str(e["message"]) for e in run.read_events(type="finding")[0]
+               if str(e.get("message", "")).startswith("no steps recorded")]
         raise StepscopeError(
             f"{run.path} has no step records ({stats.files} step file(s), {stats.skipped} "
-            "unreadable record(s)); record steps with stepscope.Recorder or run the "
-            "training script under `stepscope run` (it must call optimizer.step())")
+            "unreadable record(s)); " + (why[0] if why else "record steps with "
+            "stepscope.Recorder or run the training script under `stepscope run` (it must "
+            "call optimizer.step())"))
     return RunSteps(run, meta, table, stats)

@@ -37,11 +37,16 @@ from .common import emit_json
               help="Samples per step per rank, when the batch does not show them.")
 @click.option("--cross-rank-every", type=int, default=None,
               help="Steps between cross-rank gathers (default 20; 0 = off).")
+@click.option("--flops-convention", default=None, metavar="NAME",
+              help="FLOPs convention of the run's MFU: matmul (default: 6 x matmul "
+                   "parameters, embedding lookups left out), palm, torchtitan, 6n, megatron, "
+                   "megatron-2022 (those with an attention term need model.config's shape).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: int,
             tokens_per_step: float | None, samples_per_step: float | None,
-            cross_rank_every: int | None, as_json: bool, command: tuple[str, ...]) -> None:
+            cross_rank_every: int | None, flops_convention: str | None, as_json: bool,
+            command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with per-step recording of every rank.
 
     Works with `-- python train.py ...` and `-- torchrun ... train.py ...`; the script is
@@ -58,6 +63,13 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
         env["STEPSCOPE_SAMPLES_PER_STEP"] = repr(samples_per_step)
     if cross_rank_every is not None:
         env["STEPSCOPE_CROSS_RANK_EVERY"] = str(cross_rank_every)
+    if flops_convention:
+        from ..integrations.torch.flopsrun import NAMES
+
+        if flops_convention not in NAMES:
+            raise click.BadParameter(f"{flops_convention!r}: expected one of "
+                                     f"{', '.join(NAMES)}", param_hint="--flops-convention")
+        env["STEPSCOPE_FLOPS_CONVENTION"] = flops_convention
     outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env)
     if outcome.profile_dir is not None:  # analysed here: never in the launcher or trainer
         outcome.profile_analysis = _analyze_profile(outcome.run_dir, outcome.profile_dir,

@@ -19,7 +19,7 @@ from typing import Any
 from ...recorder import Recorder
 from ...session import StepSession
 from ...store import utc_stamp
-from . import meta
+from . import flopsrun, layout, meta
 from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
 
 __all__ = ["run_meta", "open_session", "Losses", "default_run_dir"]
@@ -27,7 +27,7 @@ __all__ = ["run_meta", "open_session", "Losses", "default_run_dir"]
 
 def run_meta(model: Any, optimizer: Any, integration: str, extra_baseline: dict[str, Any]
              ) -> dict[str, Any]:
-    """run.json content a callback can see: fingerprint, optimizer, environment, 6N FLOPs."""
+    """run.json content a callback can see: fingerprint, optimizer, environment, FLOPs."""
     baseline: dict[str, Any] = dict(model_fingerprint(model))
     device = None
     try:
@@ -42,8 +42,12 @@ def run_meta(model: Any, optimizer: Any, integration: str, extra_baseline: dict[
     baseline.update({k: v for k, v in extra_baseline.items() if v is not None})
     env = environment(device)
     n = baseline.get("num_params")
-    if n:
-        env.update(meta.six_n(n))
+    if n:  # the default convention, and the table `report --flops-convention` picks from
+        lookups = layout.lookup_only_params(model)
+        baseline["embedding_lookup_params"] = lookups
+        table = flopsrun.by_convention(n, lookups, baseline.get("seq_len"),
+                                       layout.transformer_shape(model))
+        env.update({**table[flopsrun.DEFAULT], "flops_by_convention": table})
     peak, source = peak_flops_for_device(device, baseline.get("precision", "fp32"))
     if peak is not None:
         env["peak_flops_per_device"] = peak

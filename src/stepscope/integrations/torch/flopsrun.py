@@ -26,9 +26,10 @@ from ...calc.model import ModelSpec
 from ...errors import ConfigError
 from .layout import six_n_matmul
 
-__all__ = ["DEFAULT", "by_convention", "choose"]
+__all__ = ["DEFAULT", "NAMES", "by_convention", "choose"]
 
 DEFAULT = "matmul"
+NAMES = (DEFAULT, *CONVENTIONS)  # what `stepscope run --flops-convention` accepts
 
 
 def by_convention(num_params: int, lookups: int, seq_len: int | None,
