@@ -63,7 +63,7 @@ def test_trainer_callback_rows_match_trainer_logs(tmp_path):
     # 6 x matmul parameters: the tied wte is the LM head's matmul, wpe (64 x 64) a lookup
     assert b["embedding_lookup_params"] == 64 * 64
     assert meta.environment["flops_per_token"] == 6 * (b["num_params"] - 64 * 64)
-    assert meta.config["grad_norm_source"] == "Trainer logs"
+    assert meta.config["grad_norm_source"] == "clip_grad_norm_ (pre-clip)"  # every step
 
 
 @pytest.mark.xdist_group("hf")

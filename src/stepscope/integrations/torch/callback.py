@@ -13,16 +13,18 @@ down and the zero-code hooks record instead (see :func:`.auto.active`).
 
 from __future__ import annotations
 
+import functools
 import os
+import weakref
 from typing import Any
 
 from ...recorder import Recorder
 from ...session import StepSession
 from ...store import utc_stamp
 from . import flopsrun, layout, meta
-from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
+from .probes import _torch, environment, memory_probe, model_fingerprint, peak_flops_for_device
 
-__all__ = ["run_meta", "open_session", "Losses", "default_run_dir"]
+__all__ = ["run_meta", "open_session", "Losses", "default_run_dir", "ClipNorms"]
 
 
 def run_meta(model: Any, optimizer: Any, integration: str, extra_baseline: dict[str, Any]
@@ -83,6 +85,42 @@ class Losses:
         if not vals:
             return None
         return sum(vals) if reduce == "sum" else sum(vals) / len(vals)
+
+
+class ClipNorms:
+    """``clip_grad_norm_``'s return values (the pre-clip norm) while a callback trains.
+
+    Trainers clip before the callbacks' optimizer-step events, so the gradients a callback
+    sees there are clipped. The function is wrapped where torch keeps it (never on a user
+    object) and :meth:`close` puts the original back.
+    """
+
+    def __init__(self) -> None:
+        torch = _torch()
+        self.last: Any = None
+        self._orig = orig = torch.nn.utils.clip_grad_norm_
+        ref = weakref.ref(self)
+
+        @functools.wraps(orig)
+        def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+            norm = orig(*args, **kwargs)
+            me = ref()
+            if me is not None:
+                me.last = norm
+            return norm
+
+        self._wrapper = clip_grad_norm_
+        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+
+    def take(self) -> float | None:
+        """The norm of the last clip since the previous take, or None (no clipping)."""
+        v, self.last = self.last, None
+        return None if v is None else float(v)
+
+    def close(self) -> None:
+        torch = _torch()
+        if torch.nn.utils.clip_grad_norm_ is self._wrapper:
+            torch.nn.utils.clip_grad_norm_ = self._orig
 
 
 def default_run_dir(prefix: str) -> str:
