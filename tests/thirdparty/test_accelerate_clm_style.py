@@ -1,7 +1,7 @@
 """accelerate run_clm_no_trainer-style training (scripts/accelerate_clm_style.py) under
 `stepscope run`: accumulation 2 through ``accelerator.backward`` with a one-micro-batch
 step at each epoch's end, evaluation after every epoch, checked against the script's own
-numbers. Items in xfail reasons are the numbered defects of issue 13.
+numbers. Issue 13.
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ def test_loss_of_full_accumulation_steps_is_the_micro_batch_mean(run: ScriptRun)
         assert math.isclose(got, want, rel_tol=1e-6), (got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 3: accelerate's 1/accum scaling is "
-                   "not undone; a one-micro-batch step reads half its loss")
 def test_loss_of_the_partial_last_step_is_its_micro_batch_loss(run: ScriptRun) -> None:
     partial = [(got, s["loss"]) for got, s in zip(run.column("loss"), run.steps, strict=True)
                if s["micro"] == 1]
@@ -58,8 +56,6 @@ def test_no_warning_or_critical_finding(run: ScriptRun) -> None:
     assert run.findings("warning", "critical") == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 4: per-epoch evaluation folded into "
-                   "the next step")
 def test_evaluation_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None:
     between = {e["after_step"]: e["seconds"] for e in run.own["eval"]
                if e["after_step"] < len(run.steps)}

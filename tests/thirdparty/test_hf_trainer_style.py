@@ -1,7 +1,6 @@
 """Hugging Face Trainer (scripts/hf_trainer_style.py) under `stepscope run`, and with
 stepscope's own callback: accumulation 2 with a one-micro-batch step at each epoch's end,
-evaluation every epoch, checked against the Trainer's own logs. Items in xfail reasons
-are the numbered defects of issue 13.
+evaluation every epoch, checked against the Trainer's own logs. Issue 13.
 """
 
 from __future__ import annotations
@@ -51,8 +50,6 @@ def test_no_warning_or_critical_finding(run: ScriptRun) -> None:
     assert run.findings("warning", "critical") == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 4: end-of-epoch evaluation folded "
-                   "into the next step")
 def test_evaluation_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None:
     between = {e["after_step"]: e["seconds"] for e in run.own["eval"]
                if e["after_step"] < len(run.steps)}
@@ -60,8 +57,6 @@ def test_evaluation_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None
     assert_between_steps_apart(run, between, ("eval_s",))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 5: the callback's grad_norm is the "
-                   "post-clip value off the Trainer's logging steps")
 def test_callback_with_default_logging_agrees_with_zero_code(run: ScriptRun,
                                                              tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_RUN_DIR"}

@@ -1,7 +1,6 @@
 """LBFGS with a closure (scripts/lbfgs_style.py, pytorch/examples time_sequence_prediction
 style) under `stepscope run`: several closure evaluations per optimizer step, no token
-ids, a no-grad prediction after every step. Items in xfail reasons are the numbered
-defects of issue 13 (item 2 names closure optimizers: Lightning and LBFGS).
+ids, a no-grad prediction after every step. Issue 13.
 """
 
 from __future__ import annotations
@@ -27,24 +26,18 @@ def test_runs_unchanged_and_records_every_optimizer_step(run: ScriptRun) -> None
     assert run.column("lr") == [s["lr"] for s in run.steps]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 2: the losses of all closure "
-                   "evaluations are summed; grad_norm is read before the closure ran")
 def test_loss_and_grad_norm_are_the_closures_first_evaluation(run: ScriptRun) -> None:
     for key in ("loss", "grad_norm"):
         for got, want in zip(run.column(key), [s[key] for s in run.steps], strict=True):
             assert math.isclose(got, want, rel_tol=1e-6), (key, got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 2: forward and backward inside the "
-                   "closure are also counted as optimizer time")
 def test_phases_inside_the_closure_are_not_counted_twice(run: ScriptRun) -> None:
     t = run.table
     phases = t["forward_s"] + t["backward_s"] + t["optimizer_s"]
     assert (phases <= t["step_time_s"] * 1.0001).all()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 4: the no-grad prediction is folded "
-                   "into the next step")
 def test_prediction_between_steps_is_recorded_apart(run: ScriptRun) -> None:
     between = {e["after_step"]: e["seconds"] for e in run.own["eval"]
                if e["after_step"] < len(run.steps)}

@@ -1,7 +1,6 @@
 """Lightning automatic optimization (scripts/lightning_style.py) under `stepscope run`:
 ``optimizer.step(closure)``, ``gradient_clip_val=0.25``, validation every epoch, checked
-against the script's own callback numbers. Items in xfail reasons are the numbered
-defects of issue 13.
+against the script's own callback numbers. Issue 13.
 """
 
 from __future__ import annotations
@@ -33,16 +32,12 @@ def test_loss_and_lr_are_the_scripts(run: ScriptRun) -> None:
     assert run.column("lr") == [s["lr"] for s in run.steps]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 2: grad_norm read at the optimizer "
-                   "pre-hook, before the closure ran (previous step's clipped value)")
 def test_grad_norm_is_the_pre_clip_norm_of_this_step(run: ScriptRun) -> None:
     for got, want in zip(run.column("grad_norm"), [s["grad_norm"] for s in run.steps],
                          strict=True):
         assert math.isclose(got, want, rel_tol=1e-6), (got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 2: forward and backward inside the "
-                   "closure are also counted as optimizer time")
 def test_phases_inside_the_closure_are_not_counted_twice(run: ScriptRun) -> None:
     t = run.table
     phases = t["data_wait_s"] + t["forward_s"] + t["backward_s"] + t["optimizer_s"]
@@ -50,14 +45,10 @@ def test_phases_inside_the_closure_are_not_counted_twice(run: ScriptRun) -> None
     assert (t["optimizer_s"] < t["forward_s"] + t["backward_s"]).sum() > len(t) // 2
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 items 2 and 4: false non-finite grad_norm "
-                   "(critical) and a stall made of validation")
 def test_no_warning_or_critical_finding(run: ScriptRun) -> None:
     assert run.findings("warning", "critical") == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 4: validation folded into the next "
-                   "step")
 def test_validation_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None:
     between = {e["after_step"]: e["seconds"] for e in run.own["eval"]
                if 0 < e["after_step"] < len(run.steps)}

@@ -1,6 +1,6 @@
 """minGPT-style training (scripts/mingpt_style.py) under `stepscope run`: DataLoader
 workers, clip_grad_norm_, generate() between steps, checked against the script's own
-numbers. Items in xfail reasons are the numbered defects of issue 13.
+numbers. Issue 13.
 """
 
 from __future__ import annotations
@@ -38,16 +38,12 @@ def test_tokens_and_data_wait_from_the_worker_loader(run: ScriptRun) -> None:
     assert all(math.isfinite(v) and v >= 0 for v in run.column("data_wait_s"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 4: generate() between steps reads "
-                   "as a stall")
 def test_generate_between_steps_is_no_stall(run: ScriptRun) -> None:
     # (a data-wait warning can be the script's own: 2 workers on a shared 2-core machine)
     stalls = [f["message"] for f in run.report["findings"] if f["category"] == "stall"]
     assert stalls == [] and run.findings("critical") == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 4: generate() folded into the next "
-                   "step")
 def test_generate_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None:
     between = {e["after_step"]: e["seconds"] for e in run.own["eval"]
                if e["after_step"] < len(run.steps)}

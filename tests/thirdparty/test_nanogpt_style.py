@@ -2,7 +2,7 @@
 the script's own numbers: optimizer steps, mean loss over the accumulated micro-batches,
 clip_grad_norm_'s pre-clip norm, lr, tokens per iteration, eval/checkpoint time, MFU.
 
-Items in xfail reasons are the numbered defects of issue 13.
+Issue 13.
 """
 
 from __future__ import annotations
@@ -58,8 +58,6 @@ def test_no_warning_or_critical_finding(run: ScriptRun) -> None:
     assert run.findings("warning", "critical") == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 4: eval/checkpoint folded into the "
-                   "next step")
 def test_eval_and_checkpoint_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None:
     between = {e["after_step"]: e["seconds"] for e in run.own["eval"]}
     for c in run.own.get("checkpoint", []):
@@ -68,8 +66,6 @@ def test_eval_and_checkpoint_time_is_recorded_apart_from_the_step(run: ScriptRun
     assert_between_steps_apart(run, between, ("eval_s", "checkpoint_s"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 7: 6N over all parameters, "
-                   "embedding lookups included")
 def test_default_flops_count_matmul_parameters_without_embedding_lookups(run: ScriptRun
                                                                          ) -> None:
     env = run.report_meta_environment()
@@ -78,7 +74,6 @@ def test_default_flops_count_matmul_parameters_without_embedding_lookups(run: Sc
     assert "embedding" in env["flops_convention"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 7: no --flops-convention on report")
 def test_report_with_palm_convention_reproduces_estimate_mfu(run: ScriptRun) -> None:
     palm = report_json(run.out, "--flops-convention", "palm")
     assert "error" not in palm, palm

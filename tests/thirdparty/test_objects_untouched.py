@@ -23,8 +23,6 @@ def test_plain_run_of_the_fixture_saves_copies_and_pickles() -> None:
     assert own["forward_pre_hooks"] == 0 and own["ema_equal"] is True
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 1: a bound method of stepscope's "
-                   "state sits in the model's forward pre-hooks")
 def test_objects_behave_exactly_as_without_stepscope(tmp_path) -> None:
     plain = subprocess.run([sys.executable, str(THIRDPARTY_SCRIPTS / "objects_untouched.py")],
                            capture_output=True, text=True, timeout=120)

@@ -1,7 +1,6 @@
 """word_language_model-style training (scripts/wordlm_style.py) under `stepscope run`:
 sequence-first batches, clip_grad_norm_, manual SGD or AdamW (``--use-optimizer``), eval
-after each epoch, ``torch.save(model, f)``. Items in xfail reasons are the numbered
-defects of issue 13.
+after each epoch, ``torch.save(model, f)``. Issue 13.
 """
 
 from __future__ import annotations
@@ -35,15 +34,12 @@ def adamw(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
                                "wordlm_style.py", "--use-optimizer", "--save=")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 1: stepscope's forward pre-hook "
-                   "makes torch.save(model) fail (cannot pickle 'module' object)")
 def test_whole_model_save_and_reload_work(saving: ScriptRun) -> None:
     assert saving.proc.returncode == 0, saving.proc.stderr[-2000:]
     assert saving.own["reloaded"] and all(r["same"] for r in saving.own["reloaded"])
     assert Path(saving.out.parent / "model.pt").is_file()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 6: no torch.optim optimizer, no step")
 def test_manual_sgd_updates_are_the_steps(manual: ScriptRun) -> None:
     assert manual.proc.returncode == 0, manual.proc.stderr[-2000:]
     assert manual.column("step") == list(range(manual.own["done"][0]["steps"]))
@@ -61,7 +57,6 @@ def test_adamw_run_steps_loss_grad_norm_lr_tokens_are_the_scripts(adamw: ScriptR
     assert adamw.column("tokens") == [float(s["tokens"]) for s in adamw.steps]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 8: [seq, batch] read as batch-first")
 def test_sequence_first_batches_count_samples_along_dim_1(adamw: ScriptRun) -> None:
     assert adamw.column("samples") == [float(s["samples"]) for s in adamw.steps]
     model = adamw.own["model"][0]
@@ -69,15 +64,12 @@ def test_sequence_first_batches_count_samples_along_dim_1(adamw: ScriptRun) -> N
     assert (b["micro_batch"], b["seq_len"]) == (model["batch"], model["bptt"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 7: embedding lookups counted in 6N")
 def test_default_flops_leave_out_the_embedding_lookup(adamw: ScriptRun) -> None:
     model = adamw.own["model"][0]
     env = adamw.report_meta_environment()
     assert env["flops_per_token"] == 6 * (model["num_params"] - model["embedding_params"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 4: validation folded into the next "
-                   "step")
 def test_validation_time_is_recorded_apart_from_the_step(adamw: ScriptRun) -> None:
     between = {e["after_step"]: e["seconds"] for e in adamw.own["eval"]
                if e["after_step"] < len(adamw.steps)}
