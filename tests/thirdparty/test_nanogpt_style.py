@@ -8,15 +8,18 @@ Issue 13.
 from __future__ import annotations
 
 import math
+import subprocess
 
 import pytest
 
+from stepscope.store import RunDir
 from support.script_log import (
     ScriptRun,
     assert_between_steps_apart,
     report_json,
     run_under_stepscope,
 )
+from support.torch_run import BIN
 
 pytestmark = pytest.mark.xdist_group("torch_run")
 
@@ -58,6 +61,13 @@ def test_no_warning_or_critical_finding(run: ScriptRun) -> None:
     assert run.findings("warning", "critical") == []
 
 
+def test_disabled_grad_scaler_is_plain_fp32_and_the_loss_convention_is_stated(run: ScriptRun
+                                                                            ) -> None:
+    assert run.report_meta_baseline()["precision"] == "fp32"  # issue 13 item 9
+    config = RunDir(run.out).read_meta().config
+    assert config["loss_convention"].startswith("mean over the optimizer step's micro-batches")
+
+
 def test_eval_and_checkpoint_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None:
     between = {e["after_step"]: e["seconds"] for e in run.own["eval"]}
     for c in run.own.get("checkpoint", []):
@@ -81,3 +91,11 @@ def test_report_with_palm_convention_reproduces_estimate_mfu(run: ScriptRun) -> 
     env = run.report_meta_environment()
     want = palm["tokens_per_s"] * fpt / env["peak_flops_per_device"]
     assert math.isclose(palm["mfu"], want, rel_tol=1e-9), (palm["mfu"], want)
+
+
+def test_unrecorded_convention_is_a_one_line_error(run: ScriptRun) -> None:
+    proc = subprocess.run([str(BIN / "stepscope"), "report", str(run.out), "--json",
+                           "--flops-convention", "bogus"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "recorded: 6n" in proc.stderr

@@ -112,7 +112,8 @@ def _write_baseline(st: AutoState) -> None:
     if world > 1:
         b.setdefault("parallel_strategy", "data_parallel")
         b["dp"] = world
-    b["precision"] = _precision(st) + ("" if st.scaler is None else " (GradScaler)")
+    scaling = st.scaler is not None and st.scaler.is_enabled()  # nanoGPT's fp32: disabled
+    b["precision"] = _precision(st) + (" (GradScaler)" if scaling else "")
     first = st.first_micro
     if first:
         b["grad_accum"] = first
