@@ -32,6 +32,7 @@ __all__ = [
     "Column",
     "STEP_COLUMNS",
     "STEP_COLUMN_NAMES",
+    "BETWEEN_STEP_COLUMNS",
     "NAN_MEANINGFUL",
     "NAN_MEANS_MISSING",
     "PHASES",
@@ -65,7 +66,8 @@ STEP_COLUMNS: tuple[Column, ...] = (
     Column("step", "int64", "optimizer step index (one optimizer step = one training step)"),
     Column("end_s", "float64", "step end, seconds since the recorder started (its clock)"),
     Column("wall_time_s", "float64", "step end, UNIX epoch seconds (cross-rank alignment)"),
-    Column("step_time_s", "float64", "wall time of the step, including data wait"),
+    Column("step_time_s", "float64", "wall time of the step, including data wait (not the "
+           "evaluation or checkpoint saves before it: eval_s, checkpoint_s)"),
     Column("data_wait_s", "float64", "time blocked waiting for the next batch"),
     Column("forward_s", "float64", "forward phase time"),
     Column("backward_s", "float64", "backward phase time"),
@@ -88,7 +90,15 @@ STEP_COLUMNS: tuple[Column, ...] = (
            "ends: the kernel took the CPU away (contention), unlike waiting or sleeping"),
     Column("tool_s", "float64", "time stepscope itself spent in or just before the step "
            "(profiler start/stop, cross-rank gathers): rules never blame training for it"),
+    Column("eval_s", "float64", "time between the previous step and this one spent evaluating "
+           "(no-grad or eval-mode forwards of the trained model, their data fetches); not in "
+           "step_time_s"),
+    Column("checkpoint_s", "float64", "time between the previous step and this one spent "
+           "saving checkpoints (torch.save); not in step_time_s"),
 )
+# Time between two steps that is neither training nor stepscope's own: a gap between step
+# ends that these columns explain is not a stall.
+BETWEEN_STEP_COLUMNS: tuple[str, ...] = ("eval_s", "checkpoint_s")
 STEP_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in STEP_COLUMNS)
 # Columns where the training itself can produce a NaN (a diverged loss, a NaN gradient).
 # Everywhere else -- counts, times, lr, loss scale, memory -- NaN can only mean "not known",

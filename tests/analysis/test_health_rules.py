@@ -429,3 +429,21 @@ def test_stall_rule_does_not_blame_training_for_stepscope_time() -> None:
     tool[20] = 3.0  # the profiler stopped there: stepscope's own time
     base["tool_s"] = tool
     assert not [f for f in check_health(StepTable.from_columns(base)) if f.category == "stall"]
+
+
+def test_stall_rule_does_not_count_evaluation_or_checkpoint_between_steps() -> None:
+    from stepscope.analysis.health.check import check_health
+    from stepscope.schema import StepTable
+
+    n = 40
+    end = [0.1 * (i + 1) for i in range(n)]
+    end[20:] = [e + 3.0 for e in end[20:]]  # 3 s between steps 19 and 20
+    base = {"rank": [0] * n, "step": list(range(n)), "step_time_s": [0.1] * n,
+            "end_s": end, "tokens": [64.0] * n, "loss": [2.0] * n}
+    eval_s, ckpt_s = [0.0] * n, [0.0] * n
+    eval_s[20], ckpt_s[20] = 2.5, 0.5  # a validation run, then a save
+    table = StepTable.from_columns({**base, "eval_s": eval_s, "checkpoint_s": ckpt_s})
+    assert not [f for f in check_health(table) if f.category == "stall"]
+    eval_s[20] = 0.5  # 2 s of the gap unexplained: still a stall
+    table = StepTable.from_columns({**base, "eval_s": eval_s, "checkpoint_s": ckpt_s})
+    assert [f.steps for f in check_health(table) if f.category == "stall"] == [(19, 20)]

@@ -97,3 +97,15 @@ def test_loss_perplexity_and_missing_layers() -> None:
     assert s.mem_peak_bytes is None and s.comm_frac is None and s.tokens_per_s is None
     assert s.per_rank == []  # single rank: no per-rank table
     assert np.isfinite(s.step_time_s)
+
+
+def test_sheet_states_the_loss_convention_and_the_time_between_steps() -> None:
+    n = 6
+    t = StepTable.from_columns({"rank": [0] * n, "step": list(range(n)),
+                                "step_time_s": [0.1] * n, "tokens": [64.0] * n,
+                                "eval_s": [0, 0, 0, 1.5, 0, 0], "checkpoint_s": [0.0] * n})
+    meta = RunMeta(run_id="r", config={"loss_convention": "mean over the micro-batches (k = 2)"})
+    notes = summarize(t, meta).notes
+    assert "loss: mean over the micro-batches (k = 2)" in notes
+    assert "between steps, not in step time: eval 1.5 s" in notes
+    assert summarize(t.select(np.arange(n) != 3)).notes == []  # nothing to say

@@ -60,8 +60,10 @@ def test_trainer_callback_rows_match_trainer_logs(tmp_path):
     assert b["model_name"] == "GPT2LMHeadModel"
     assert (b["grad_accum"], b["micro_batch"], b["global_batch"]) == (2, 4, 8)
     assert b["seed"] == 3 and b["vocab_size"] == 128 and b["optimizer"] == "AdamW"
-    assert meta.environment["flops_per_token"] == 6 * b["num_params"]
-    assert meta.config["grad_norm_source"] == "Trainer logs"
+    # 6 x matmul parameters: the tied wte is the LM head's matmul, wpe (64 x 64) a lookup
+    assert b["embedding_lookup_params"] == 64 * 64
+    assert meta.environment["flops_per_token"] == 6 * (b["num_params"] - 64 * 64)
+    assert meta.config["grad_norm_source"] == "clip_grad_norm_ (pre-clip)"  # every step
 
 
 @pytest.mark.xdist_group("hf")

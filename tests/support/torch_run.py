@@ -16,8 +16,8 @@ BIN = Path(sys.executable).parent
 
 
 def stepscope_run(out: Path, *command: str, args: tuple[str, ...] = (),
-                  env: dict[str, str] | None = None, timeout: float = 120
-                  ) -> subprocess.CompletedProcess[str]:
+                  env: dict[str, str] | None = None, timeout: float = 120,
+                  cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`stepscope run [args] --out OUT -- COMMAND...`, output captured."""
     full_env = dict(os.environ)
     full_env.pop("STEPSCOPE_RUN_DIR", None)
@@ -25,7 +25,7 @@ def stepscope_run(out: Path, *command: str, args: tuple[str, ...] = (),
     cmd = [str(BIN / "stepscope"), "run", "--out", str(out), *args, "--", *command]
     # A session of its own, so that a timeout can end torchrun's workers too.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env, start_new_session=True)
+                            env=full_env, start_new_session=True, cwd=cwd)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

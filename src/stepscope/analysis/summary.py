@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..calc import flops
-from ..schema import AnyArray, RunMeta, StepTable
+from ..schema import BETWEEN_STEP_COLUMNS, AnyArray, RunMeta, StepTable
 from .regimes import Regimes, find_regimes
 
 __all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "headline_mask", "Conditions",
@@ -384,6 +384,19 @@ def _loss_stats(table: StepTable) -> tuple[float | None, float | None, float | N
     return float(finite[0]), float(finite[-1]), float(finite.min())
 
 
+def _recording_notes(table: StepTable, meta: RunMeta | None) -> list[str]:
+    """What the sheet's numbers mean where a loop departs from the plain one (issue 13)."""
+    config = meta.config if meta else {}
+    out = [f"{what}: {config[key]}" for key, what in
+           (("loss_convention", "loss"), ("step_boundary", "step boundary")) if key in config]
+    between = {c.removesuffix("_s"): float(np.nansum(table[c])) for c in BETWEEN_STEP_COLUMNS
+               if len(table) and table.has_data(c)}
+    if any(between.values()):
+        out.append("between steps, not in step time: " + ", ".join(
+            f"{k} {v:.3g} s" for k, v in between.items() if v))
+    return out
+
+
 def summarize(table: StepTable, meta: RunMeta | None = None,
               skipped_records: int = 0, conditions: Conditions | None = None) -> Sheet:
     """The sheet of one run (all ranks). Pure: reads the table, returns a ``Sheet``.
@@ -399,6 +412,7 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
     if len(table) and not mask.any():
         notes.append("too few steps to exclude warm-up; all steps used")
     notes += _regime_notes(regimes)
+    notes.extend(_recording_notes(table, meta))
     st = steady["step_time_s"]
     st = st[np.isfinite(st)]
     total = float(st.sum()) if st.size else 0.0

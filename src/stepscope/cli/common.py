@@ -76,10 +76,13 @@ def no_records_error(run: RunDir, stats: ReadStats) -> StepscopeError:
         return StepscopeError(f"{run.path} has no readable step records: {stats.skipped} "
                               f"unreadable record(s) in {stats.files} file(s), first: "
                               f"{stats.problems[0] if stats.problems else '?'}")
+    # the instrumentation's own account of why, when it left one in events.jsonl
+    why = [str(e["message"]) for e in run.read_events(type="finding")[0]
+           if str(e.get("message", "")).startswith("no steps recorded")]
     return StepscopeError(
-        f"{run.path} has no step records ({stats.files} step file(s)); record steps with "
-        "stepscope.Recorder or run the training script under `stepscope run` (it must "
-        "call optimizer.step())")
+        f"{run.path} has no step records ({stats.files} step file(s)); " + (why[0] if why
+        else "record steps with stepscope.Recorder or run the training script under "
+        "`stepscope run` (it must call optimizer.step())"))
 
 
 def note_event_problems(stats: ReadStats) -> None:

@@ -38,9 +38,13 @@ def _html_somewhere(loaded: LoadedRun, out: Path | None) -> tuple[Path | None, s
               help="Write the self-contained HTML report here (default: RUN/report.html).")
 @click.option("--json", "as_json", is_flag=True, help="Print the sheet as JSON.")
 @click.option("--no-html", is_flag=True, help="Do not write report.html.")
-def report_cmd(run: Path, html_out: Path | None, as_json: bool, no_html: bool) -> None:
+@click.option("--flops-convention", default=None, metavar="NAME",
+              help="MFU under this FLOPs convention, as recorded by `stepscope run` "
+                   "(matmul, palm, torchtitan, 6n, megatron, megatron-2022).")
+def report_cmd(run: Path, html_out: Path | None, as_json: bool, no_html: bool,
+               flops_convention: str | None) -> None:
     """Print the health-check sheet of RUN (a run directory)."""
-    loaded = load_run(run)
+    loaded = load_run(run, flops_convention)
     html_path, html_note = None, None
     if not (no_html and html_out is None):
         html_path, html_note = _html_somewhere(loaded, html_out)

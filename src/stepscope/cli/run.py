@@ -49,12 +49,17 @@ from .common import emit_json
                    "rank (default: $STEPSCOPE_ALERTS).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
               help="Serve Prometheus /metrics per rank on PORT + local rank.")
+@click.option("--flops-convention", default=None, metavar="NAME",
+              help="FLOPs convention of the run's MFU: matmul (default: 6 x matmul "
+                   "parameters, embedding lookups left out), palm, torchtitan, 6n, megatron, "
+                   "megatron-2022 (those with an attention term need model.config's shape).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: int,
             tokens_per_step: float | None, samples_per_step: float | None,
-            cross_rank_every: int | None, grace_s: float, alerts_file: str | None,
-            metrics_port: int | None, as_json: bool, command: tuple[str, ...]) -> None:
+            cross_rank_every: int | None, flops_convention: str | None, grace_s: float,
+            alerts_file: str | None, metrics_port: int | None, as_json: bool,
+            command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with per-step recording of every rank.
 
     Works with `-- python train.py ...` and `-- torchrun ... train.py ...`; the script is
@@ -73,6 +78,13 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
         env["STEPSCOPE_SAMPLES_PER_STEP"] = repr(samples_per_step)
     if cross_rank_every is not None:
         env["STEPSCOPE_CROSS_RANK_EVERY"] = str(cross_rank_every)
+    if flops_convention:
+        from ..integrations.torch.flopsrun import NAMES
+
+        if flops_convention not in NAMES:
+            raise click.BadParameter(f"{flops_convention!r}: expected one of "
+                                     f"{', '.join(NAMES)}", param_hint="--flops-convention")
+        env["STEPSCOPE_FLOPS_CONVENTION"] = flops_convention
     if alerts_file or metrics_port is not None or os.environ.get("STEPSCOPE_ALERTS"):
         from ..alerts.launch import live_env  # start-up time: only when alerts are asked for
 

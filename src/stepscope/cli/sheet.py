@@ -8,6 +8,7 @@ from typing import Any
 
 from ..analysis.diagnose import diagnose, records_lost
 from ..analysis.findings import Finding, severity_rank
+from ..analysis.flopsconv import with_flops_convention
 from ..analysis.summary import Sheet, summarize
 from ..report.html import render_html
 from ..report.profile_view import profile_html
@@ -30,17 +31,19 @@ class LoadedRun:
     events: list[dict[str, Any]]
 
 
-def load_run(path: str | Path) -> LoadedRun:
-    """Open, read and analyse a run directory (raises StepscopeError on bad input)."""
+def load_run(path: str | Path, flops_convention: str | None = None) -> LoadedRun:
+    """Open, read and analyse a run directory (raises StepscopeError on bad input);
+    ``flops_convention``: MFU under that convention, as the run recorded it."""
     rs = load_steps(path)
+    meta = with_flops_convention(rs.meta, flops_convention) if flops_convention else rs.meta
     events, ev_stats = rs.run.read_events()
     note_event_problems(ev_stats)
     conditions = rs.run.read_conditions()
-    sheet = summarize(rs.table, rs.meta, skipped_records=rs.stats.skipped,
+    sheet = summarize(rs.table, meta, skipped_records=rs.stats.skipped,
                       conditions=conditions)
-    result = diagnose(rs.table, rs.meta, events=events, conditions=conditions)
+    result = diagnose(rs.table, meta, events=events, conditions=conditions)
     findings = sorted(result.findings, key=lambda f: severity_rank(f.severity))
-    return LoadedRun(rs.run, rs.meta, rs.table, rs.stats, sheet, findings, events)
+    return LoadedRun(rs.run, meta, rs.table, rs.stats, sheet, findings, events)
 
 
 def write_html(loaded: LoadedRun, out: Path | None = None,

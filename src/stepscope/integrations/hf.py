@@ -21,9 +21,10 @@ What each column is made of (Trainer callbacks see events, not the loop):
   ``loss``: the model outputs' ``loss`` over the step's micro-batches, summed when the
   Trainer passes ``num_items_in_batch`` (each is then a share of the step's mean), else
   averaged — the value the Trainer logs;
-  ``lr``: first param group at ``on_pre_optimizer_step``; ``grad_norm``: the Trainer's own
-  (pre-clipping) value from ``on_log`` when logged, else computed at
-  ``on_pre_optimizer_step`` (after clipping; run.json ``config.grad_norm_source`` says which).
+  ``lr``: first param group at ``on_pre_optimizer_step``; ``grad_norm``: the value
+  ``clip_grad_norm_`` returned while training (pre-clip, every step), else the Trainer's
+  own from ``on_log`` when logged, else computed at ``on_pre_optimizer_step`` (after
+  clipping); run.json ``config.grad_norm_source`` says which.
 
 Under ``stepscope run`` this callback does nothing (the zero-code hooks record already).
 """
@@ -37,7 +38,7 @@ from transformers import TrainerCallback
 
 from ..session import StepSession
 from .torch import auto as torch_auto
-from .torch.callback import Losses, default_run_dir, open_session, run_meta
+from .torch.callback import ClipNorms, Losses, default_run_dir, open_session, run_meta
 from .torch.probes import batch_counts, grad_norm
 
 __all__ = ["StepscopeCallback"]
@@ -59,7 +60,8 @@ class StepscopeCallback(TrainerCallback):
         self._after_fwd = False
         self._lr: float | None = None
         self._norm: float | None = None
-        self._noted = False
+        self._norm_source: str | None = None  # where grad_norm comes from (run.json)
+        self._clips: ClipNorms | None = None
         self._sum_losses = False
         self.disabled = torch_auto.active()
 
@@ -89,11 +91,15 @@ class StepscopeCallback(TrainerCallback):
             model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),
             model.register_forward_hook(self._fwd_post),
         ]
+        self._clips = ClipNorms()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._clips is not None:
+            self._clips.close()
+            self._clips = None
         if self.pc is not None:
             self.pc.close()
             self.pc = None
@@ -151,10 +157,20 @@ class StepscopeCallback(TrainerCallback):
         try:
             groups = opt.param_groups
             self._lr = float(groups[0]["lr"])
-            self._norm = grad_norm(p for g in groups for p in g["params"])
+            # the Trainer clipped already: its clip_grad_norm_ gave the pre-clip norm
+            self._norm = self._clips.take() if self._clips is not None else None
+            if self._norm is not None:
+                self._note_norm_source("clip_grad_norm_ (pre-clip)")
+            else:
+                self._norm = grad_norm(p for g in groups for p in g["params"])
         except Exception:
             pass
         pc.mark()
+
+    def _note_norm_source(self, source: str) -> None:
+        if self._norm_source is None and self.pc is not None:
+            self._norm_source = source
+            self.pc.rec.run.update_meta(config={"grad_norm_source": source})
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.pc is not None:
@@ -168,12 +184,11 @@ class StepscopeCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
                **kwargs: Any) -> None:
-        if self.pc is None or not logs or "grad_norm" not in logs:
-            return
+        if self.pc is None or not logs or "grad_norm" not in logs or \
+                self._norm_source == "clip_grad_norm_ (pre-clip)":
+            return  # (the clip's own value, when seen, is already the step's)
         try:  # the Trainer's pre-clipping norm replaces ours for the step just closed
             self.pc.rec.log(grad_norm=float(logs["grad_norm"]))
-            if not self._noted:
-                self._noted = True
-                self.pc.rec.run.update_meta(config={"grad_norm_source": "Trainer logs"})
+            self._note_norm_source("Trainer logs")
         except Exception:
             pass

@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 
-from ...schema import AnyArray, StepTable
+from ...schema import BETWEEN_STEP_COLUMNS, AnyArray, StepTable
 from ..findings import Finding
 from .config import HealthContext, straggler_scores
 from .stats import rank_series
@@ -130,6 +130,8 @@ def rule_stall(ctx: HealthContext) -> list[Finding]:
         steps, end = rank_series(t, r, "end_s")
         _, st = rank_series(t, r, "step_time_s")
         _, tool = rank_series(t, r, "tool_s")
+        for col in BETWEEN_STEP_COLUMNS:  # evaluation, checkpoint saves: not a stall
+            tool = np.nan_to_num(tool, nan=0.0) + np.nan_to_num(rank_series(t, r, col)[1])
         if not np.isfinite(end).any():
             steps, end = rank_series(t, r, "wall_time_s")
         ok = np.isfinite(end)

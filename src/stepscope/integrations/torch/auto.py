@@ -6,22 +6,30 @@ installed (:mod:`.hooks`) and one step row per optimizer step is written for thi
 rank:
 
 * step boundary: the global optimizer step post-hook of the first optimizer that steps
-  (one optimizer step = one training step, whatever the gradient accumulation);
+  (one optimizer step = one training step, whatever the gradient accumulation); without
+  any torch.optim optimizer, ``Module.zero_grad()`` after a backward (:mod:`.loops`);
 * ``data_wait_s``: time blocked in ``DataLoader`` iterators' ``__next__``;
 * ``forward_s``: outermost module calls with autograd enabled; ``backward_s``:
   ``Tensor.backward`` / ``torch.autograd.backward``, minus exposed communication;
-  ``optimizer_s``: optimizer pre-hook to post-hook;
+  ``optimizer_s``: optimizer pre-hook to post-hook, minus a closure's own time
+  (LBFGS, Lightning: :mod:`.closure`);
+* ``eval_s`` / ``checkpoint_s``: no-grad / eval-mode forwards of the trained model and
+  ``torch.save`` calls between steps, booked apart from the step (:mod:`.between`);
 * ``comm_s`` / ``comm_exposed_s``: DDP comm hook per bucket, ``torch.distributed``
   collectives (FSDP2) — see :mod:`.ddp`;
 * ``tokens`` / ``samples``: the inputs (positional or keyword) of the outermost module
-  call when they hold token ids (first 2-D integer tensor, ``input_ids`` first), else the
-  DataLoader batches drawn during the step; summed over micro-batches.
+  call when they hold token ids (first 2-D integer tensor, ``input_ids`` first;
+  ``[seq, batch]`` when the model's recurrent / attention layers are ``batch_first=False``:
+  :mod:`.layout`), else the DataLoader batches drawn during the step; summed over
+  micro-batches.
   ``STEPSCOPE_TOKENS_PER_STEP`` / ``STEPSCOPE_SAMPLES_PER_STEP`` override.
 * ``loss``: the scalar ``backward()`` was called on, summed over micro-batches (a script
-  that divides by the accumulation count gets the mean), unscaled when it came from
-  ``GradScaler.scale``; ``lr``: first param group at optimizer pre-hook; ``grad_norm``:
-  ``clip_grad_norm_``'s return value when the script clips, else computed every
-  ``STEPSCOPE_GRAD_NORM_EVERY`` steps; ``loss_scale``/``overflow``: GradScaler.
+  that divides by the accumulation count gets the mean; a partial step's sum is rescaled
+  to its mean once the count is confirmed: :mod:`.accum`), unscaled when it came from
+  ``GradScaler.scale``, a closure's first evaluation only; ``lr``: first param group at
+  optimizer pre-hook; ``grad_norm``: ``clip_grad_norm_``'s (pre-clip) return value when
+  the script clips, else computed every ``STEPSCOPE_GRAD_NORM_EVERY`` steps (after a
+  closure's first evaluation); ``loss_scale``/``overflow``: GradScaler.
 
 Switches (environment of the child; set by ``stepscope run`` or ``stepscope isolate``):
 
@@ -34,6 +42,8 @@ Switches (environment of the child; set by ``stepscope run`` or ``stepscope isol
 ``STEPSCOPE_PROFILE_STEPS=a:b`` torch.profiler trace of steps a..b (both included) into
                                ``STEPSCOPE_PROFILE_DIR``
 ``STEPSCOPE_CROSS_RANK_EVERY`` steps between cross-rank gathers (default 20, 0 = off)
+``STEPSCOPE_FLOPS_CONVENTION`` the MFU's FLOPs convention (default ``matmul``; see
+                               :mod:`.flopsrun`)
 =============================  ==============================================================
 
 Every hook body is wrapped: a failure inside stepscope is counted and warned about once,

@@ -13,21 +13,23 @@ down and the zero-code hooks record instead (see :func:`.auto.active`).
 
 from __future__ import annotations
 
+import functools
 import os
+import weakref
 from typing import Any
 
 from ...recorder import Recorder
 from ...session import StepSession
 from ...store import utc_stamp
-from . import meta
-from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
+from . import flopsrun, layout, meta
+from .probes import _torch, environment, memory_probe, model_fingerprint, peak_flops_for_device
 
-__all__ = ["run_meta", "open_session", "Losses", "default_run_dir"]
+__all__ = ["run_meta", "open_session", "Losses", "default_run_dir", "ClipNorms"]
 
 
 def run_meta(model: Any, optimizer: Any, integration: str, extra_baseline: dict[str, Any]
              ) -> dict[str, Any]:
-    """run.json content a callback can see: fingerprint, optimizer, environment, 6N FLOPs."""
+    """run.json content a callback can see: fingerprint, optimizer, environment, FLOPs."""
     baseline: dict[str, Any] = dict(model_fingerprint(model))
     device = None
     try:
@@ -42,8 +44,12 @@ def run_meta(model: Any, optimizer: Any, integration: str, extra_baseline: dict[
     baseline.update({k: v for k, v in extra_baseline.items() if v is not None})
     env = environment(device)
     n = baseline.get("num_params")
-    if n:
-        env.update(meta.six_n(n))
+    if n:  # the default convention, and the table `report --flops-convention` picks from
+        lookups = layout.lookup_only_params(model)
+        baseline["embedding_lookup_params"] = lookups
+        table = flopsrun.by_convention(n, lookups, baseline.get("seq_len"),
+                                       layout.transformer_shape(model))
+        env.update({**table[flopsrun.DEFAULT], "flops_by_convention": table})
     peak, source = peak_flops_for_device(device, baseline.get("precision", "fp32"))
     if peak is not None:
         env["peak_flops_per_device"] = peak
@@ -80,6 +86,42 @@ class Losses:
         if not vals:
             return None
         return sum(vals) if reduce == "sum" else sum(vals) / len(vals)
+
+
+class ClipNorms:
+    """``clip_grad_norm_``'s return values (the pre-clip norm) while a callback trains.
+
+    Trainers clip before the callbacks' optimizer-step events, so the gradients a callback
+    sees there are clipped. The function is wrapped where torch keeps it (never on a user
+    object) and :meth:`close` puts the original back.
+    """
+
+    def __init__(self) -> None:
+        torch = _torch()
+        self.last: Any = None
+        self._orig = orig = torch.nn.utils.clip_grad_norm_
+        ref = weakref.ref(self)
+
+        @functools.wraps(orig)
+        def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+            norm = orig(*args, **kwargs)
+            me = ref()
+            if me is not None:
+                me.last = norm
+            return norm
+
+        self._wrapper = clip_grad_norm_
+        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+
+    def take(self) -> float | None:
+        """The norm of the last clip since the previous take, or None (no clipping)."""
+        v, self.last = self.last, None
+        return None if v is None else float(v)
+
+    def close(self) -> None:
+        torch = _torch()
+        if torch.nn.utils.clip_grad_norm_ is self._wrapper:
+            torch.nn.utils.clip_grad_norm_ = self._orig
 
 
 def default_run_dir(prefix: str) -> str:

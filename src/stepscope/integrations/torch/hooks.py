@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ...sigterm import install_sigterm_finaliser
-from . import ddp, meta
+from . import closure, ddp, loops, meta
 from .replay import Replay
 from .settings import Settings
 from .state import AutoState
@@ -70,13 +70,18 @@ def _optimizer_hooks(st: AutoState) -> None:
     primary_now = [False]
     t0 = [0.0]
 
-    def pre(opt: Any, args: Any, kwargs: Any) -> None:
+    def pre(opt: Any, args: Any, kwargs: Any) -> Any:
+        new = None
         try:
-            primary_now[0] = st.on_optimizer_pre(opt)
+            fn = closure.closure_of(args, kwargs)
+            primary_now[0] = st.on_optimizer_pre(opt, has_closure=fn is not None)
+            if fn is not None and primary_now[0]:
+                new = closure.replace_closure(args, kwargs, loops.wrap_closure(st, fn))
         except Exception as exc:
             primary_now[0] = False
             st.failed("optimizer pre-hook", exc)
         t0[0] = clock()
+        return new  # None: the step's own arguments; else the timed closure in its place
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
         dt = clock() - t0[0]
@@ -107,23 +112,31 @@ def _module_hooks(st: AutoState) -> None:
     # Under torch.compile, Dynamo traces the module calls inside a compiled region
     # together with global hooks; is_compiling() is True while it traces, so stepscope's
     # Python stays out of the traced code and only the outermost, uncompiled call (the
-    # OptimizedModule) is timed.
+    # OptimizedModule) is timed. Stack entries: 1 a counted call (autograd on), 0 not
+    # counted, 2 the outermost call of an evaluation forward (see .between).
     def pre(module: Any, args: Any) -> None:
         if compiling():
             return
         counted = not st.in_backward and grad_enabled()
-        stack.append(counted)
-        if counted:
-            if st.depth == 0:
-                try:
-                    st.on_forward_root(module, args)
-                    _maybe_ddp(st, module)
-                except Exception as exc:
-                    st.failed("forward pre-hook", exc)
-            st.depth += 1
+        if not counted:
+            stack.append(loops.eval_mark(st, module))
+            return
+        stack.append(1)
+        if st.depth == 0:
+            try:
+                st.on_forward_root(module, args)
+                _maybe_ddp(st, module)
+            except Exception as exc:
+                st.failed("forward pre-hook", exc)
+        st.depth += 1
 
     def post(module: Any, args: Any, output: Any) -> None:
-        if compiling() or not stack or not stack.pop():
+        if compiling() or not stack:
+            return
+        mark = stack.pop()
+        if mark != 1:
+            if mark == loops.EVAL_MARK:
+                loops.eval_end(st)
             return
         st.depth -= 1
         if st.depth == 0:
@@ -147,6 +160,7 @@ def _autograd_hooks(st: AutoState) -> None:
             tensor = first_tensor(args, kwargs)
             try:
                 st.activity()
+                st.before_backward(tensor)
                 st.dev_begin("backward")
             except Exception as exc:
                 st.failed("backward hook", exc)
@@ -235,6 +249,7 @@ def _misc_hooks(st: AutoState) -> None:
 
     torch.manual_seed = manual_seed
     _scaler_hooks(st, torch.amp.GradScaler)
+    loops.install(st)
 
 
 def _scaler_hooks(st: AutoState, scaler_cls: Any) -> None:
@@ -278,7 +293,7 @@ def _ddp_hooks(st: AutoState) -> None:
 
     @functools.wraps(orig_register)
     def register_comm_hook(self: Any, state: Any, hook: Any) -> Any:
-        self._stepscope_hooked = True
+        st.ddp_hooked.add(self)  # a weak set: nothing is stored on the user's module
         try:
             hook = ddp.timed_comm_hook(st.comm, hook, noop=st.settings.noop_grad_sync)
         except Exception as exc:
@@ -293,9 +308,9 @@ def _maybe_ddp(st: AutoState, module: Any) -> None:
     """First forward of a DDP model with no comm hook: register a timed all-reduce."""
     if type(module).__name__ != "DistributedDataParallel":
         return
-    if getattr(module, "_stepscope_hooked", False):
+    if module in st.ddp_hooked:
         return
-    module._stepscope_hooked = True
+    st.ddp_hooked.add(module)
     module.register_comm_hook(None, None)  # -> wrapper above with the default all-reduce
 
 

@@ -23,9 +23,8 @@ import zlib
 from typing import Any
 
 from ...analysis.findings import Finding
-from ...calc.flops import flops_per_token
-from ...calc.model import ModelSpec
-from . import ddp
+from ...errors import ConfigError
+from . import ddp, flopsrun
 from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
 from .state import AutoState
 
@@ -112,7 +111,8 @@ def _write_baseline(st: AutoState) -> None:
     if world > 1:
         b.setdefault("parallel_strategy", "data_parallel")
         b["dp"] = world
-    b["precision"] = _precision(st) + ("" if st.scaler is None else " (GradScaler)")
+    scaling = st.scaler is not None and st.scaler.is_enabled()  # nanoGPT's fp32: disabled
+    b["precision"] = _precision(st) + (" (GradScaler)" if scaling else "")
     first = st.first_micro
     if first:
         b["grad_accum"] = first
@@ -123,7 +123,7 @@ def _write_baseline(st: AutoState) -> None:
     env = environment(st.device, code_path=_script_dir())
     n = b.get("num_params")
     if n:
-        env.update(six_n(n))
+        env.update(_flops_fields(st, b, n))
     peak, source = peak_flops_for_device(st.device, _precision(st).split("-")[0])
     if peak is not None:
         env["peak_flops_per_device"] = peak
@@ -135,15 +135,18 @@ def _write_baseline(st: AutoState) -> None:
         st.rec.run.update_meta(baseline=b, environment=env, config=config)
 
 
-def six_n(num_params: int) -> dict[str, Any]:
-    """run.json FLOPs fields for the calculator's ``6n`` convention (all an adapter can
-    know of a model is its parameter count); no recompute, so HFU equals MFU."""
-    # The 6n convention reads only the parameter count: it has no attention term, so the
-    # shape fields ModelSpec requires (layers, hidden, seq_len) do not enter the result.
-    est = flops_per_token(ModelSpec(layers=1, hidden=1, seq_len=1, params=num_params), "6n")
-    return {"flops_per_token": est.flops_per_token,
-            "hardware_flops_per_token": est.hardware_flops_per_token,
-            "flops_convention": f"{est.convention}: {est.source}"}
+def _flops_fields(st: AutoState, b: dict[str, Any], num_params: int) -> dict[str, Any]:
+    """run.json FLOPs fields: the chosen convention's, and the table of every convention
+    computable for this model (``report --flops-convention NAME`` picks from it)."""
+    table = flopsrun.by_convention(num_params, int(b.get("embedding_lookup_params", 0)),
+                                   b.get("seq_len"), b.get("model_shape"))
+    name = st.settings.flops_convention or flopsrun.DEFAULT
+    try:
+        chosen = flopsrun.choose(table, name)
+    except ConfigError as exc:
+        st.notes["flops_convention"] = str(exc)
+        chosen = table[flopsrun.DEFAULT]
+    return {**chosen, "flops_by_convention": table}
 
 
 def _script_dir() -> str:
@@ -303,6 +306,11 @@ def write_summary(st: AutoState, status: str, error: str | None) -> None:
         config["modified_by"] = "STEPSCOPE_NOOP_GRAD_SYNC=1 (gradients not synchronised)"
     if st.settings.replay_data:
         config["modified_by_data"] = "STEPSCOPE_REPLAY_DATA=1 (first batches replayed)"
+    for key in ("loss_convention", "step_boundary"):  # known only once steps were seen
+        if key in st.config:
+            config[key] = st.config[key]
+    if "flops_convention" in st.notes:
+        config["flops_convention_refused"] = st.notes["flops_convention"]
     try:
         run.update_meta(config=config)
     except Exception as exc:

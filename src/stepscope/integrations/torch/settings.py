@@ -68,6 +68,7 @@ class Settings:
     grad_norm_every: int = 1
     tokens_per_step: float = math.nan
     samples_per_step: float = math.nan
+    flops_convention: str = ""  # `stepscope run --flops-convention NAME`; "" = the default
 
     @classmethod
     def from_env(cls) -> Settings | None:
@@ -91,4 +92,5 @@ class Settings:
             grad_norm_every=max(0, _env_int("GRAD_NORM_EVERY", 1)),
             tokens_per_step=_env_float("TOKENS_PER_STEP"),
             samples_per_step=_env_float("SAMPLES_PER_STEP"),
+            flops_convention=os.environ.get(ENV_PREFIX + "FLOPS_CONVENTION", "").strip(),
         )

@@ -30,7 +30,7 @@ from typing import Any
 from ...rank import resolve_rank
 from ...recorder import Recorder
 from ...session import StepSession
-from . import ddp
+from . import accum, between, ddp, layout, loops
 from .marks import PhaseMarks
 from .probes import MemProbe, batch_counts
 from .settings import Settings
@@ -74,7 +74,7 @@ class AutoState:
         self.step_index = 0
         self.pending: list[StepData] = []
         self.depth = 0
-        self.stack: list[bool] = []
+        self.stack: list[int] = []  # per module call in progress (see hooks)
         self.t_fwd0 = 0.0
         self.dev_open: dict[str, Any] = {}
         self.root: Any = None  # the outermost module of the forward in progress
@@ -104,6 +104,18 @@ class AutoState:
         self.pid = os.getpid()
         self.saw_loader = False
         self.last_comm: ddp.CommStep | None = None
+        # third-party loops (issue 13): what the trained models are, evaluation between
+        # steps, closure optimizers, accumulation scaling, [seq, batch] inputs
+        self.train_params: set[int] = set()  # first-parameter ids of trained models
+        self.eval_open = False  # an evaluation forward (outermost) is running
+        self.closure_s = 0.0  # time inside the primary optimizer's closure this step
+        self.closure_done = False  # the closure's first evaluation of this step is over
+        self.closure_groups: Any = None
+        self.accum_k: float | None = None
+        self.divisor: float | None = None  # of the loss backward() is running on
+        self.seq_first: str | None = None
+        self.ddp_hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.manual_steps = False  # boundaries at Module.zero_grad (no torch.optim seen)
 
     def _phase_now(self) -> str:
         if self.in_backward:
@@ -177,31 +189,38 @@ class AutoState:
             self.param_cache[key] = has_params
             if has_params:
                 self.on_model(self, module)
-                # Global pre-hooks see positional arguments only; models called with
-                # keywords (Hugging Face: model(**batch)) are read by a per-module hook
-                # with kwargs, which runs right after this one from the next call on.
-                module.register_forward_pre_hook(self._kwargs_hook, with_kwargs=True)
-                self.root = module
-                self.cur.fwd_calls += 1
-                self._count_inputs(args)
-                if not self.root_counted:  # this very call: its keywords, read once
-                    self._count_inputs(_first_call_kwargs())
-                return
+                self._note_layout(module)
         self.root = module if has_params else None
         if has_params:
             self.cur.fwd_calls += 1
+            if self.closure_done:
+                return  # a closure's re-evaluation (LBFGS): the batch is counted once
             self._count_inputs(args)
+            if not self.root_counted:
+                # Global pre-hooks see positional arguments only; models called with
+                # keywords (Hugging Face: model(**batch)) are read from the caller's
+                # frame: no hook on the user's module (torch.save(model) must work).
+                self._count_inputs(_first_call_kwargs())
 
-    def _kwargs_hook(self, module: Any, args: Any, kwargs: Any) -> None:
-        try:
-            if module is self.root and self.depth == 1 and kwargs and not self.root_counted:
-                self._count_inputs(kwargs)
-        except Exception as exc:
-            self.failed("forward kwargs hook", exc)
+    def _note_layout(self, module: Any) -> None:
+        """Once per model: it is trained (its evaluation is recognised), its layout."""
+        key = between.first_param_id(module)
+        if key is not None:
+            self.train_params.add(key)
+        if "batch_layout" not in self.baseline:
+            self.seq_first = layout.sequence_first(module)
+            self.baseline["batch_layout"] = (
+                f"[seq, batch] ({self.seq_first})" if self.seq_first else "[batch, seq]")
+            self.baseline["embedding_lookup_params"] = layout.lookup_only_params(module)
+            shape = layout.transformer_shape(getattr(module, "module", module))
+            if shape:
+                self.baseline["model_shape"] = shape
 
     def _count_inputs(self, inputs: Any) -> None:
         tokens, samples = batch_counts(inputs)
         self.root_counted = not math.isnan(tokens)
+        if self.root_counted and self.seq_first and samples:
+            samples = tokens / samples  # [seq, batch]: the leading dimension is seq
         if self.root_counted:  # token ids seen: count them and their samples
             d = self.cur
             d.fwd_tokens += tokens
@@ -235,23 +254,38 @@ class AutoState:
         ev.record()
         return ev
 
+    def before_backward(self, tensor: Any) -> None:
+        """Read the loss's accumulation divisor while its graph is alive (:mod:`.accum`)."""
+        self.divisor = None
+        if tensor is not None and tensor.numel() == 1 and not self.closure_done:
+            src = self.scaled.get(id(tensor))
+            self.divisor = accum.divisor(src if src is not None else tensor)
+
     def on_backward(self, tensor: Any, seconds: float) -> None:
         d = self.cur
         d.backward += seconds
-        d.micro += 1
         self.dev_end("backward")
+        if self.closure_done:
+            return  # a closure's re-evaluation: its time counts, its loss does not
+        d.micro += 1
         try:
             if tensor is not None and tensor.numel() == 1:
                 src = self.scaled.get(id(tensor))
-                d.losses.append((src if src is not None else tensor).detach())
+                loss = src if src is not None else tensor
+                d.divisors.append(self.divisor)
+                d.losses.append(loss.detach())
         except Exception as exc:
             self.failed("loss capture", exc)
         if self.comm.compute_end is not None:
             d.compute_end = self.comm.compute_end
             self.comm.compute_end = None
 
-    def on_optimizer_pre(self, opt: Any) -> bool:
-        """Returns True when ``opt`` is the primary optimizer (its steps are boundaries)."""
+    def on_optimizer_pre(self, opt: Any, has_closure: bool = False) -> bool:
+        """Returns True when ``opt`` is the primary optimizer (its steps are boundaries).
+
+        With a closure, the gradients are not this step's yet: the norm is taken after
+        the closure's first evaluation (:meth:`wrap_closure`).
+        """
         if self.primary is None:
             self.primary = weakref.ref(opt)
             self.on_optimizer(self, opt)
@@ -262,7 +296,9 @@ class AutoState:
         groups = opt.param_groups
         if groups:
             d.lr = scalar(groups[0].get("lr"))
-        if self.clip_norm is not None:
+        if has_closure:
+            self.closure_groups = groups
+        elif self.clip_norm is not None:
             d.grad_norm = self.clip_norm
         elif self.settings.grad_norm_every and \
                 self.step_index % self.settings.grad_norm_every == 0:
@@ -273,7 +309,8 @@ class AutoState:
         return True
 
     def on_optimizer_post(self, seconds: float) -> None:
-        self.cur.optimizer += seconds
+        # the closure's forward and backward are their own phases, not the optimizer's
+        self.cur.optimizer += max(0.0, seconds - self.closure_s)
         self.dev_end("optimizer")
         self.boundary()
 
@@ -298,8 +335,14 @@ class AutoState:
             d.done_event = self._event()
         if self.step_index == 0:
             self.first_micro = d.micro
+        k = accum.confirms(d.divisors)
+        if k is not None and self.accum_k is None:
+            self.accum_k = k
+            self.config["loss_convention"] = accum.CONVENTION.format(k=k)
+        d.accum_k = self.accum_k
         self.pending.append(d)
         self.cur = StepData(t_start=t_end)
+        self.closure_s, self.closure_done, self.closure_groups = 0.0, False, None
         self.clip_norm = None
         self.scaled.clear()
         self.open = False
@@ -335,6 +378,8 @@ class AutoState:
             if self.closed:
                 return
             self.closed = True
+        if self.manual_steps and self.cur.micro and self.open:
+            loops.manual_boundary(self)  # a manual loop's last update: no zero_grad after
         self.before_close(self)  # e.g. stop a profiler still running
         self.flush(block=True)
         rec = self.rec

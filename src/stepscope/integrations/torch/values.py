@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...session import StepSession
-from . import ddp
+from . import accum, ddp
+from .between import COLUMNS as BETWEEN_COLUMNS
 from .settings import Settings
 
 _NAN = math.nan
@@ -39,6 +40,8 @@ class StepData:
     fwd_counted: int = 0  # ... of which token ids were found in the inputs
     micro: int = 0
     losses: list[Any] = field(default_factory=list)
+    divisors: list[float | None] = field(default_factory=list)  # per loss: its 1/k (accum)
+    accum_k: float | None = None  # the run's confirmed accumulation divisor at this step
     lr: float = _NAN
     grad_norm: Any = None
     loss_scale: Any = None
@@ -162,7 +165,8 @@ def step_values(d: StepData, comm: ddp.CommStep, tokens: float, samples: float
     if samples > 0:
         values["samples"] = samples
     if d.losses:
-        values["loss"] = sum(scalar(x) for x in d.losses)
+        values["loss"] = accum.step_loss([scalar(x) for x in d.losses], d.divisors,
+                                         d.accum_k)
     if d.grad_norm is not None:
         values["grad_norm"] = scalar(d.grad_norm)
     if d.loss_scale is not None:
@@ -179,5 +183,7 @@ def step_values(d: StepData, comm: ddp.CommStep, tokens: float, samples: float
         if comm.buckets:
             values["comm_buckets"] = float(comm.buckets)
             values["comm_buckets_overlapped"] = float(comm.overlapped_buckets)
+    for col in BETWEEN_COLUMNS.values():  # measured on every step: 0 = nothing between
+        values[col] = 0.0
     values.update(d.extra)
     return values

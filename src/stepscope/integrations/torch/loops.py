@@ -1,0 +1,124 @@
+"""Training loops beyond ``for batch: forward, backward, optimizer.step()`` (issue 13).
+
+The zero-code state (:class:`.state.AutoState`, passed in as ``st``) calls these for:
+
+* evaluation between steps -- the outermost call of a no-grad / eval-mode forward of the
+  trained model, and ``torch.save`` -- booked apart from the next step (:mod:`.between`);
+* closure optimizers (LBFGS, Lightning): the primary optimizer's closure is timed and its
+  first evaluation gives the step's gradient norm (:mod:`.closure`);
+* update loops without torch.optim (pytorch/examples word_language_model:
+  ``p.data.add_(-lr * p.grad)``): while no torch.optim optimizer has stepped, a
+  ``Module.zero_grad()`` after a backward closes the step, and so do an evaluation or a
+  save after it and the end of the process; run.json ``config.step_boundary`` says so.
+
+Every hook body here is guarded like those of :mod:`.hooks`: a failure is counted and
+training goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from . import between, closure
+from .values import grad_norm_tensor
+
+__all__ = ["install", "eval_mark", "eval_end", "wrap_closure", "manual_boundary"]
+
+EVAL_MARK = 2  # the stack entry of an evaluation forward's outermost call (see .hooks)
+
+
+def install(st: Any) -> None:
+    """``torch.save`` (a checkpoint between steps) and ``Module.zero_grad`` (the step
+    boundary of update loops without torch.optim), patched on torch, not on objects."""
+    torch = st.torch
+    orig_save = torch.save
+
+    @functools.wraps(orig_save)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        out = orig_save(*args, **kwargs)
+        try:
+            on_between(st, "checkpoint")
+        except Exception as exc:
+            st.failed("torch.save hook", exc)
+        return out
+
+    torch.save = save
+    orig_zero_grad = torch.nn.Module.zero_grad
+
+    @functools.wraps(orig_zero_grad)
+    def zero_grad(self: Any, set_to_none: bool = True) -> None:
+        try:
+            _on_module_zero_grad(st)
+        except SystemExit:
+            raise
+        except Exception as exc:
+            st.failed("Module.zero_grad hook", exc)
+        orig_zero_grad(self, set_to_none)
+
+    torch.nn.Module.zero_grad = zero_grad
+
+
+def eval_mark(st: Any, module: Any) -> int:
+    """:data:`EVAL_MARK` when this uncounted module call starts an evaluation, else 0."""
+    if st.depth or st.eval_open or st.in_backward:
+        return 0
+    try:
+        if st.closure_groups is not None and not st.closure_done:
+            return 0  # inside a closure's first evaluation
+        if between.is_eval_forward(module, st.train_params,
+                                   before_training=st.step_index == 0):
+            st.eval_open = True
+            return EVAL_MARK
+    except Exception as exc:
+        st.failed("evaluation hook", exc)
+    return 0
+
+
+def eval_end(st: Any) -> None:
+    st.eval_open = False
+    try:
+        on_between(st, "eval")
+    except Exception as exc:
+        st.failed("evaluation hook", exc)
+
+
+def on_between(st: Any, kind: str) -> None:
+    """An evaluation forward or a checkpoint save ended: book it between steps."""
+    if st.manual_steps and st.cur.micro and st.open:
+        manual_boundary(st)  # a manual update loop's step ended with its update
+    between.book(st.cur, kind, st.clock())
+
+
+def _on_module_zero_grad(st: Any) -> None:
+    if st.primary is not None or not st.cur.micro:
+        return
+    if not st.manual_steps:
+        st.manual_steps = True
+        st.config["step_boundary"] = ("Module.zero_grad() after backward: no torch.optim "
+                                      "optimizer stepped (manual update)")
+        st.baseline.setdefault("optimizer", "manual update (no torch.optim)")
+    manual_boundary(st)
+
+
+def manual_boundary(st: Any) -> None:
+    """Close a step of a manual update loop (its grad norm: clip_grad_norm_'s, if any)."""
+    if st.cur.grad_norm is None and st.clip_norm is not None:
+        st.cur.grad_norm = st.clip_norm
+    st.boundary()
+
+
+def wrap_closure(st: Any, fn: Any) -> Any:
+    """The primary optimizer's closure, timed (see :mod:`.closure`)."""
+
+    def on_end(index: int, seconds: float) -> None:
+        try:
+            st.closure_s += seconds
+            if index == 0:
+                st.cur.grad_norm = st.clip_norm if st.clip_norm is not None else \
+                    grad_norm_tensor(st.torch, st.closure_groups or [])
+                st.closure_done = True
+        except Exception as exc:
+            st.failed("closure hook", exc)
+
+    return closure.wrap(fn, st.clock, on_end)
