@@ -153,7 +153,7 @@ class StepFileWriter:
 
 class CrossRankFiles:
     """The cross-rank side channel in a run directory (``RunDir`` inherits it): files,
-    never a collective (see ``integrations.common.crossrank.FileExchange``)."""
+    never a collective (see ``stepscope.crossrank.FileExchange``)."""
 
     path: Path
 

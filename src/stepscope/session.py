@@ -36,14 +36,14 @@ from typing import Any, Protocol, TypeVar
 
 from ._records import UNSET
 from ._writer import Listener
-from .integrations.common.crossrank import (
+from .crossrank import (
     EventBuilder,
     FileExchange,
     Rows,
     WindowStats,
     cross_rank_event,
 )
-from .integrations.common.losscheck import LossWatch
+from .losscheck import LossWatch
 from .recorder import Recorder
 
 __all__ = ["StepSession", "Capture", "CROSS_RANK_NAMES", "CrossVector", "Exchange", "MemProbe"]
@@ -204,7 +204,7 @@ class StepSession:
         """Compare ranks every ``every`` steps, without a collective.
 
         Each rank publishes ``vector(medians)`` of its window to the run directory and
-        goes on (:class:`~stepscope.integrations.common.crossrank.FileExchange`); rank 0
+        goes on (:class:`~stepscope.crossrank.FileExchange`); rank 0
         merges the ranks' latest windows on a thread into a ``cross_rank`` event built by
         ``event(step, rows)`` (default: medians, straggler scores on ``compute_s``). Ranks
         at different step counts (uneven inputs) therefore never wait for each other.

@@ -87,7 +87,7 @@ def test_pid_state_reads_this_process_and_a_gone_one() -> None:
 
 
 def test_a_rank_slow_in_two_gathers_is_reported_as_a_straggler(tmp_path: Path) -> None:
-    from stepscope.integrations.common.crossrank import cross_rank_event
+    from stepscope.crossrank import cross_rank_event
 
     run, w = _run(tmp_path)
     watcher = RunWatcher(run, RulesConfig(), stall_after_s=600.0, state_of=lambda p: "S")

@@ -279,7 +279,7 @@ def test_one_straggler_score_for_health_cross_rank_and_trace() -> None:
     """The reference is the lower median: two ranks -> the faster; four -> the second
     fastest (not the mean of the middle two); NaN and non-positive times get no score."""
     from stepscope.analysis.health.config import HealthConfig, straggler_scores
-    from stepscope.integrations.common.crossrank import (
+    from stepscope.crossrank import (
         STRAGGLER_THRESHOLD,
         cross_rank_event,
         stragglers,

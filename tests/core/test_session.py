@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stepscope import Recorder, RunDir
-from stepscope.integrations.common.crossrank import FileExchange
+from stepscope.crossrank import FileExchange
 from stepscope.session import StepSession
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from stepscope.integrations.common.crossrank import FileExchange, cross_rank_event
+from stepscope.crossrank import FileExchange, cross_rank_event
 from stepscope.schema import RunMeta
 from stepscope.store import RunDir
 

@@ -1,7 +1,7 @@
 """The cross-rank live rule: a rank that is a straggler in consecutive gathers.
 
 Reads the ``{"type": "cross_rank"}`` records the adapters append to events.jsonl at each
-cross-rank gather (integrations/common/crossrank.py: scores after NVIDIA's straggler
+cross-rank gather (stepscope/crossrank.py: scores after NVIDIA's straggler
 detector, threshold 0.7). One slow gather can be a checkpoint on one node; the same rank
 slow in ``consecutive`` gathers in a row is a straggler. Pure.
 """

@@ -165,7 +165,7 @@ class HealthConfig:
     mem_temp_ratio: float = 1.5
     mem_plateau_ratio: float = 1.1
     # Straggler: the one definition, used by this rule, the cross-rank view recorded during
-    # training (integrations/common/crossrank.py), diagnose and the trace breakdown. Score
+    # training (stepscope/crossrank.py), diagnose and the trace breakdown. Score
     # (:func:`straggler_scores`) = reference / the rank's median own-work time, NVIDIA's
     # relative performance score (nvidia-resiliency-ext straggler usage guide: "0.5 means
     # a rank is twice as slow as" the reference). A rank scoring below 0.8 (>= 25% slower)

@@ -43,9 +43,9 @@ from mindspore.train import Callback
 
 from ...analysis.findings import Finding
 from ...envinfo import process_memory_bytes
+from ...losscheck import find_loss
 from ...recorder import Recorder
 from ...session import StepSession
-from ..common.losscheck import find_loss
 from .probes import (
     MEM_SOURCE,
     batch_counts,

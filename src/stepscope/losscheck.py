@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...analysis.findings import Finding
+from .analysis.findings import Finding
 
 __all__ = ["find_loss", "describe", "LossWatch"]
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ...analysis.health.config import HealthConfig, straggler_scores
+from .analysis.health.config import HealthConfig, straggler_scores
 
 __all__ = ["STRAGGLER_THRESHOLD", "straggler_scores", "stragglers", "WindowStats",
            "cross_rank_event", "FileExchange", "Rows"]
