@@ -15,10 +15,10 @@ import socket
 import warnings
 from typing import Any
 
+from ._live_env import ALERTS_ENV, METRICS_PORT_ENV
+
 __all__ = ["start_live", "ALERTS_ENV", "METRICS_PORT_ENV"]
 
-ALERTS_ENV = "STEPSCOPE_ALERTS"
-METRICS_PORT_ENV = "STEPSCOPE_METRICS_PORT"
 
 
 def _metrics_port(explicit: int | None) -> int | None:

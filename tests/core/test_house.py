@@ -58,6 +58,10 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             for alias in node.names:
                 if alias.name.split(".")[0] == PACKAGE:
                     found.add(alias.name)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)
+              and str(node.args[0].value).startswith(PACKAGE + ".")):
+            found.add(str(node.args[0].value))  # a lazy load is an import all the same
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = here[: len(here) - node.level + 1]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .._live import ALERTS_ENV, METRICS_PORT_ENV
+from .._live_env import ALERTS_ENV, METRICS_PORT_ENV
 from .config import load_alerts_config
 
 __all__ = ["live_env"]

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .._live import ALERTS_ENV
+from .._live_env import ALERTS_ENV
 from ..errors import StepscopeError
 from ..store import RunDir
 from .config import AlertsConfig, load_alerts_config
