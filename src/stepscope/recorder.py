@@ -348,16 +348,7 @@ class Recorder:
     # -- data loader -------------------------------------------------------------------
     def wrap_loader(self, loader: Iterable[T]) -> Iterator[T]:
         """Iterate ``loader``, adding the time blocked in ``next()`` as data wait."""
-        it = iter(loader)
-        clock = self._clock
-        while True:
-            t0 = clock()
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            self.add_time("data_wait", clock() - t0)
-            yield item
+        return timed_iter(loader, self._clock, lambda s: self.add_time("data_wait", s))
 
     @property
     def steps_recorded(self) -> int:
@@ -419,6 +410,20 @@ def _as_meta(path: Path, meta: RunMeta | Mapping[str, Any] | None) -> RunMeta:
     if not m.created_utc:
         m.created_utc = utc_stamp()
     return m
+
+
+def timed_iter(loader: Iterable[T], clock: Callable[[], float],
+               on_wait: Callable[[float], None]) -> Iterator[T]:
+    """Iterate ``loader``, handing ``on_wait`` the seconds each ``next()`` blocked."""
+    it = iter(loader)
+    while True:
+        t0 = clock()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        on_wait(clock() - t0)
+        yield item
 
 
 def _rusage() -> tuple[float, float]:

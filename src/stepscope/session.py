@@ -44,7 +44,7 @@ from .crossrank import (
     cross_rank_event,
 )
 from .losscheck import LossWatch
-from .recorder import Recorder
+from .recorder import Recorder, timed_iter
 
 __all__ = ["StepSession", "Capture", "CROSS_RANK_NAMES", "CrossVector", "Exchange", "MemProbe"]
 
@@ -251,16 +251,10 @@ class StepSession:
     def wrap_loader(self, loader: Iterable[T]) -> Iterator[T]:
         """Iterate ``loader``, keeping the time blocked in ``next()`` (see
         :attr:`loader_wait_s`)."""
-        it = iter(loader)
-        clock = self.clock
-        while True:
-            t0 = clock()
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            self._loader_wait += clock() - t0
-            yield item
+        return timed_iter(loader, self.clock, self._add_loader_wait)
+
+    def _add_loader_wait(self, seconds: float) -> None:
+        self._loader_wait += seconds
 
     @property
     def loader_wait_s(self) -> float:
