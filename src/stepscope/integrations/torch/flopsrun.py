@@ -30,6 +30,10 @@ __all__ = ["DEFAULT", "NAMES", "by_convention", "choose"]
 
 DEFAULT = "matmul"
 NAMES = (DEFAULT, *CONVENTIONS)  # what `stepscope run --flops-convention` accepts
+# ModelSpec fields beyond the basic shape that a run's "model_shape" may carry.
+_EXTRA = ("head_dim", "swiglu", "moe_experts", "moe_top_k", "moe_shared_experts",
+          "moe_ffn_hidden", "moe_shared_ffn_hidden", "first_k_dense", "kv_lora_rank",
+          "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
 def by_convention(num_params: int, lookups: int, seq_len: int | None,
@@ -43,10 +47,13 @@ def by_convention(num_params: int, lookups: int, seq_len: int | None,
     for name in CONVENTIONS:
         params = None if name.startswith("megatron") else float(num_params - position)
         try:
+            extra: dict[str, Any] = {k: shape[k] for k in _EXTRA if k in shape}  # a family's
+            if "swiglu" in extra:  # fields, from layout's use of calc.hf_config
+                extra["swiglu"] = bool(extra["swiglu"])
             spec = ModelSpec(layers=shape["layers"], hidden=shape["hidden"], seq_len=seq_len,
                              heads=shape["heads"], kv_heads=shape.get("kv_heads"),
                              ffn_hidden=shape.get("ffn_hidden"), vocab=shape.get("vocab", 0),
-                             tied_embeddings=tied, params=params)
+                             tied_embeddings=tied, params=params, **extra)
             est = flops_per_token(spec, name)
         except (ConfigError, ValueError, ZeroDivisionError):
             continue  # this convention needs what the model's config does not say

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...calc.hf_config import FAMILIES, spec_kwargs
+
 __all__ = ["sequence_first", "lookup_only_params", "six_n_matmul", "transformer_shape"]
 
 _LAYOUT_LAYERS = ("RNN", "LSTM", "GRU", "MultiheadAttention", "TransformerEncoderLayer",
@@ -83,15 +85,42 @@ _SHAPE_NAMES = {
 }
 
 
+# ModelSpec fields a transformers config gives through the calculator's family mappers
+# (stepscope.calc.hf_config), kept as plain ints in run.json's baseline ("model_shape").
+_FAMILY_KEYS = ("layers", "heads", "hidden", "vocab", "kv_heads", "ffn_hidden", "head_dim",
+                "swiglu", "moe_experts", "moe_top_k", "moe_shared_experts", "moe_ffn_hidden",
+                "moe_shared_ffn_hidden", "first_k_dense", "kv_lora_rank", "q_lora_rank",
+                "qk_rope_head_dim", "v_head_dim")
+
+
+def _family_shape(cfg: Any) -> dict[str, int]:
+    """The shape of a transformers model of a family ``--hf-config`` knows (llama, qwen,
+    mixtral, deepseek, gpt2, ...), read by the same mapper; {} for any other config."""
+    to_dict = getattr(cfg, "to_dict", None)
+    if not callable(to_dict):
+        return {}
+    try:
+        config = to_dict()
+        if not isinstance(config, dict) or str(config.get("model_type")) not in FAMILIES:
+            return {}
+        kwargs, _, _ = spec_kwargs(config)
+    except Exception:  # a config the mapper cannot read: the attribute names below instead
+        return {}
+    return {k: int(v) for k, v in kwargs.items()
+            if k in _FAMILY_KEYS and isinstance(v, (int, bool)) and v is not None}
+
+
 def transformer_shape(model: Any) -> dict[str, int] | None:
-    """``{layers, heads, hidden, vocab[, kv_heads, ffn_hidden], position_params}`` from
-    ``model.config``, or None when layers, heads or hidden width are not named there."""
+    """``{layers, heads, hidden, vocab[, kv_heads, ffn_hidden, ...], position_params}`` from
+    ``model.config``: through the calculator's family mapper for a transformers model (MoE,
+    MLA and SwiGLU fields too), else by attribute name (nanoGPT's ``GPTConfig`` and the
+    like); None when layers, heads or hidden width are not named there."""
     cfg = getattr(model, "config", None)
     if cfg is None:
         return None
-    out: dict[str, int] = {}
+    out = _family_shape(cfg)
     for key, names in _SHAPE_NAMES.items():
-        for name in names:
+        for name in names if key not in out else ():
             v = getattr(cfg, name, None)
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 out[key] = v
