@@ -129,11 +129,20 @@ def test_isolate_data_proves_the_slow_loader_and_clears_the_clean_run(tmp_path: 
 
 @pytest.mark.slow
 def test_isolate_comm_bounds_the_heavy_comm_scenario(tmp_path: Path) -> None:
-    out = tmp_path / "iso-comm"
-    proc = _stepscope("isolate", "comm", "--steps", "15", "--warmup", "3", "--out", str(out),
-                      "--json", "--", *_command("heavy_comm"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    res = json.loads(proc.stdout)["result"]
+    # The two arms run one after the other; when other load on this host changes between
+    # them the experiment says `inconclusive` with the numbers (issue 11). Load is transient:
+    # one retry, then an inconclusive verdict must at least name why.
+    for attempt in range(2):
+        out = tmp_path / f"iso-comm-{attempt}"
+        proc = _stepscope("isolate", "comm", "--steps", "15", "--warmup", "3", "--out",
+                          str(out), "--json", "--", *_command("heavy_comm"))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        res = json.loads(proc.stdout)["result"]
+        if res["verdict"] != "inconclusive":
+            break
+    if res["verdict"] == "inconclusive":
+        assert "load changed" in res["message"] or "contention" in res["message"], res
+        return
     assert (res["kind"], res["verdict"], res["valid_training_run"]) == ("comm", "bottleneck",
                                                                         False)
     assert res["share"] > 0.3
