@@ -1,9 +1,9 @@
 """The cross-rank live rule: a rank that is a straggler in consecutive gathers.
 
 Reads the ``{"type": "cross_rank"}`` records the adapters append to events.jsonl at each
-cross-rank gather (stepscope/crossrank.py: scores after NVIDIA's straggler
-detector, threshold 0.7). One slow gather can be a checkpoint on one node; the same rank
-slow in ``consecutive`` gathers in a row is a straggler. Pure.
+cross-rank exchange (stepscope/crossrank.py: the one straggler score and threshold of
+``HealthConfig``, after NVIDIA's straggler detector). One slow gather can be a checkpoint
+on one node; the same rank slow in ``consecutive`` gathers in a row is a straggler. Pure.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..analysis.health.config import HealthConfig
 from .model import Alert
+
+_THRESHOLD = HealthConfig().straggler_score  # when an old event does not carry its own
 
 __all__ = ["StragglerRule"]
 
@@ -48,6 +51,6 @@ class StragglerRule:
                 next_step="look at that rank's host: throttling, other jobs, a slow link "
                           "(`stepscope diagnose RUN` shows the per-rank line)",
                 source="cross-rank straggler score (nvidia-resiliency-ext), issue 14",
-                values={"score": score, "threshold": float(event.get("threshold", 0.7))},
+                values={"score": score, "threshold": float(event.get("threshold", _THRESHOLD))},
                 time_s=now_s))
         return out
