@@ -104,22 +104,23 @@ def test_cpu_hog_beside_one_run_makes_compare_inconclusive(
 def test_extra_compute_per_step_on_a_quiet_host_is_slower(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Twice the work per step is `slower`. Other tests may load this shared host between
-    the two runs; an `inconclusive` is accepted only when the runs' raw records show the
-    load changed, and the pair is then retried (at most three times)."""
+    the two runs (slowing A as much as B's extra work does); any other verdict is accepted
+    only when the runs' raw records show the load changed, and the pair is then retried
+    (at most three times). On a steady host it must be `slower`."""
     for attempt in range(3):
         a, b = tmp_path / f"a{attempt}", tmp_path / f"b{attempt}"
         run_loop(a, steps=80)
         run_loop(b, steps=80, work=2)
         r = cli_json(capsys, "compare", str(a), str(b))
         assert r["differing"] == []
-        if r["speed"]["verdict"] != "inconclusive":
-            assert (r["speed"]["verdict"], r["verdict"]) == ("slower", "not landed")
+        if r["speed"]["verdict"] == "slower":
+            assert r["verdict"] == "not landed"
             assert r["speed"]["tokens_per_s"]["change"] == "worse"
             return
         ma, mb = raw_medians(a), raw_medians(b)
         shares = [min(ma[k], mb[k]) / max(ma[k], mb[k]) for k in ma if np.isfinite(ma[k])
                   and np.isfinite(mb[k])]
-        assert min(shares) < 0.9, (r["speed"]["reason"], ma, mb)  # the load did change
+        assert min(shares) < 0.9, (r["speed"], ma, mb)  # not slower on a steady host: a bug
     pytest.fail("the host's load changed between the runs in three attempts")
 
 
