@@ -25,7 +25,7 @@ demo: $(DEMO_VENV)/.done
 	$(DEMO_VENV)/bin/stepscope demo $(ARGS)
 
 test: $(TEST_VENV)/.done
-	$(TEST_VENV)/bin/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(TEST_VENV)/bin/python -m pytest -n 2 --dist loadgroup --reruns 2 $(PYTEST_ARGS)
 
 lint: $(TEST_VENV)/.done
 	$(TEST_VENV)/bin/ruff check src tests benchmarks
