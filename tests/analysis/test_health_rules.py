@@ -254,6 +254,35 @@ def test_stall_historical_and_live() -> None:
     assert [f.severity for f in finished] == ["warning"]
 
 
+def _gap_with_accounting(gap_cpu_s: float, gap_preempt: float) -> StepTable:
+    """100 steps of 0.1 s using 0.1 CPU-s and 2 involuntary switches each; 5 s more wall
+    time before step 40, in which the process got ``gap_cpu_s`` CPU-s and was switched out
+    ``gap_preempt`` times."""
+    st = _base()["step_time_s"]
+    end = np.cumsum(st)
+    end[40:] += 5.0
+    cpu, pre = np.full(N, 0.1), np.full(N, 2.0)
+    cpu[40], pre[40] = gap_cpu_s, gap_preempt
+    return _base(end_s=end, cpu_s=cpu, preempt=pre)
+
+
+def test_gap_when_the_host_took_the_cpu_is_environment_not_a_stall() -> None:
+    # 0.3 CPU-s in 5.1 s (0.06 per wall-s against 1.0) and 400 switches (78/s against 20/s)
+    (f,) = check_health(_gap_with_accounting(0.3, 400.0))
+    assert _summary([f]) == [("environment", "info", (39, 40), 0)]
+    assert f.evidence["cause"] == "contention"
+    assert "78 involuntary context switches per second against 20" in f.message
+    assert f.evidence["accounting"].startswith("0.30 CPU-s in 5.10 s of wall time")
+
+
+def test_gap_when_the_process_slept_is_a_stall() -> None:
+    # as little CPU but no more switches: the process waited (a hung read, a collective)
+    (f,) = check_health(_gap_with_accounting(0.3, 2.0))
+    assert _summary([f]) == [("stall", "warning", (39, 40), 0)]
+    assert f.evidence["accounting"] == ("0.30 CPU-s in 5.10 s of wall time, 2 involuntary "
+                                        "context switches")
+
+
 def _two_ranks(slow_extra: float, comm_on_fast: float) -> StepTable:
     a, b = _base(), _base()
     cols = {}

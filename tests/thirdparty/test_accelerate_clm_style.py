@@ -10,15 +10,24 @@ import math
 
 import pytest
 
-from support.script_log import ScriptRun, assert_between_steps_apart, run_under_stepscope
+from support.script_log import (
+    ScriptRun,
+    assert_between_steps_apart,
+    assert_no_warning,
+    run_under_stepscope,
+)
 
 pytestmark = pytest.mark.xdist_group("torch_run")
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
+def _run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
     return run_under_stepscope(tmp_path_factory.mktemp("accelerate") / "run",
                                "accelerate_clm_style.py", timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
+    return _run(tmp_path_factory)
 
 
 def test_runs_unchanged_and_records_every_optimizer_step(run: ScriptRun) -> None:
@@ -52,8 +61,9 @@ def test_loss_of_the_partial_last_step_is_its_micro_batch_loss(run: ScriptRun) -
     assert math.isclose(run.report["loss_last"], run.steps[-1]["loss"], rel_tol=1e-6)
 
 
-def test_no_warning_or_critical_finding(run: ScriptRun) -> None:
-    assert run.findings("warning", "critical") == []
+def test_no_warning_or_critical_finding(run: ScriptRun,
+                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert_no_warning(run, lambda: _run(tmp_path_factory))
 
 
 def test_evaluation_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None:

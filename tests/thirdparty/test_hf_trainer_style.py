@@ -18,6 +18,7 @@ from support.script_log import (
     THIRDPARTY_SCRIPTS,
     ScriptRun,
     assert_between_steps_apart,
+    assert_no_warning,
     printed,
     run_under_stepscope,
 )
@@ -25,11 +26,15 @@ from support.script_log import (
 pytestmark = pytest.mark.xdist_group("torch_run")
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
+def _run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
     tmp = tmp_path_factory.mktemp("hf")
     return run_under_stepscope(tmp / "run", "hf_trainer_style.py", "--out",
                                str(tmp / "hf-out"), timeout=400)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
+    return _run(tmp_path_factory)
 
 
 def test_runs_unchanged_and_records_every_optimizer_step(run: ScriptRun) -> None:
@@ -46,8 +51,9 @@ def test_loss_and_pre_clip_grad_norm_are_the_trainers_logs(run: ScriptRun) -> No
     assert run.column("lr") == [s["lr"] for s in run.steps]
 
 
-def test_no_warning_or_critical_finding(run: ScriptRun) -> None:
-    assert run.findings("warning", "critical") == []
+def test_no_warning_or_critical_finding(run: ScriptRun,
+                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert_no_warning(run, lambda: _run(tmp_path_factory))
 
 
 def test_evaluation_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None:

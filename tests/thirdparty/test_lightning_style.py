@@ -10,15 +10,24 @@ import math
 import numpy as np
 import pytest
 
-from support.script_log import ScriptRun, assert_between_steps_apart, run_under_stepscope
+from support.script_log import (
+    ScriptRun,
+    assert_between_steps_apart,
+    assert_no_warning,
+    run_under_stepscope,
+)
 
 pytestmark = pytest.mark.xdist_group("torch_run")
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
+def _run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
     return run_under_stepscope(tmp_path_factory.mktemp("lightning") / "run",
                                "lightning_style.py", timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
+    return _run(tmp_path_factory)
 
 
 def test_runs_unchanged_and_records_every_optimizer_step(run: ScriptRun) -> None:
@@ -45,8 +54,9 @@ def test_phases_inside_the_closure_are_not_counted_twice(run: ScriptRun) -> None
     assert (t["optimizer_s"] < t["forward_s"] + t["backward_s"]).sum() > len(t) // 2
 
 
-def test_no_warning_or_critical_finding(run: ScriptRun) -> None:
-    assert run.findings("warning", "critical") == []
+def test_no_warning_or_critical_finding(run: ScriptRun,
+                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert_no_warning(run, lambda: _run(tmp_path_factory))
 
 
 def test_validation_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None:

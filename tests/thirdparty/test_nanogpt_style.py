@@ -16,6 +16,7 @@ from stepscope.store import RunDir
 from support.script_log import (
     ScriptRun,
     assert_between_steps_apart,
+    assert_no_warning,
     report_json,
     run_under_stepscope,
 )
@@ -26,11 +27,15 @@ pytestmark = pytest.mark.xdist_group("torch_run")
 BATCH, BLOCK, ACCUM = 4, 16, 4
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
+def _run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
     tmp = tmp_path_factory.mktemp("nanogpt")
     return run_under_stepscope(tmp / "run", "nanogpt_style.py", "--max-iters", "10",
                                "--out-dir", str(tmp))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
+    return _run(tmp_path_factory)
 
 
 def test_runs_unchanged_and_records_every_optimizer_step(run: ScriptRun) -> None:
@@ -57,8 +62,9 @@ def test_tokens_per_step_are_the_scripts_tokens_per_iteration(run: ScriptRun) ->
     assert run.column("micro_batches") == [float(ACCUM)] * len(run.steps)
 
 
-def test_no_warning_or_critical_finding(run: ScriptRun) -> None:
-    assert run.findings("warning", "critical") == []
+def test_no_warning_or_critical_finding(run: ScriptRun,
+                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert_no_warning(run, lambda: _run(tmp_path_factory))
 
 
 def test_disabled_grad_scaler_is_plain_fp32_and_the_loss_convention_is_stated(run: ScriptRun

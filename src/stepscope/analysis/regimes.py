@@ -49,7 +49,7 @@ import numpy as np
 from ..schema import AnyArray, StepTable
 
 __all__ = ["Regime", "Regimes", "find_regimes", "segment", "ENVIRONMENT_CAUSES",
-           "condition_columns", "window_values",
+           "condition_columns", "window_values", "host_took_cpu",
            "MIN_SHIFT", "MIN_REGIME_STEPS", "MAX_REGIMES"]
 
 # A regime's typical step time differs from its neighbour's by at least 20%: step times of
@@ -332,6 +332,18 @@ def _contended(r: Regime, ref: Regime) -> str | None:
     if steal[0] is not None and steal[1] is not None and steal[0] - steal[1] >= STEAL_DELTA:
         return f"hypervisor steal {steal[0]:.0%} of CPU time against {steal[1]:.0%}"
     return None
+
+
+def host_took_cpu(cpu_per_wall: float, preempt_per_s: float, ref_cpu_per_wall: float,
+                  ref_preempt_per_s: float) -> str | None:
+    """Why a stretch of wall time (a gap, a slow step) was contention, from the process's
+    own CPU accounting against a reference (the same thresholds as a regime's), or None."""
+    def one(cpu: float, pre: float) -> Regime:
+        return Regime(index=0, first_step=0, last_step=0, steps=1, step_time_s=1.0,
+                      tokens_per_s=None, cpu_per_wall=cpu if math.isfinite(cpu) else None,
+                      preempt_per_s=pre if math.isfinite(pre) else None)
+    return _contended(one(cpu_per_wall, preempt_per_s), one(ref_cpu_per_wall,
+                                                            ref_preempt_per_s))
 
 
 def _attribute(r: Regime, ref: Regime) -> None:

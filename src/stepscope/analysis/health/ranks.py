@@ -16,6 +16,7 @@ import numpy as np
 
 from ...schema import BETWEEN_STEP_COLUMNS, AnyArray, StepTable
 from ..findings import Finding
+from ..regimes import host_took_cpu
 from .config import HealthContext, straggler_scores
 from .stats import rank_series
 from .system import PHASE_WORDS, span_of
@@ -125,7 +126,7 @@ def rule_stall(ctx: HealthContext) -> list[Finding]:
     cfg = ctx.config
     t = ctx.table
     out: list[Finding] = []
-    worst: tuple[float, int, int, int, float, float] | None = None
+    worst: tuple[float, int, int, int, float, float, str | None, str] | None = None
     for r in t.ranks():
         steps, end = rank_series(t, r, "end_s")
         _, st = rank_series(t, r, "step_time_s")
@@ -137,6 +138,7 @@ def rule_stall(ctx: HealthContext) -> list[Finding]:
         ok = np.isfinite(end)
         if ok.sum() < 3:
             continue
+        cpu, pre = (rank_series(t, r, c)[1][ok] for c in ("cpu_s", "preempt"))
         steps, end, tool = steps[ok], end[ok], tool[ok]
         med = float(np.nanmedian(st)) if np.isfinite(st).any() else float(np.median(np.diff(end)))
         limit = max(cfg.stall_factor * med, cfg.stall_min_s)
@@ -147,24 +149,58 @@ def rule_stall(ctx: HealthContext) -> list[Finding]:
         gap[np.diff(steps) != 1] = 0.0
         i = int(np.argmax(gap))
         if gap[i] >= limit and (worst is None or gap[i] > worst[0]):
+            host, seen = _gap_accounting(np.diff(end), cpu[1:], pre[1:], i)
             worst = (float(gap[i]), r, int(steps[i]), int(steps[i + 1]), med,
-                     float(end[-1] - end[0]))
+                     float(end[-1] - end[0]), host, seen)
     if worst is not None:
-        gap_s, r, a, b, med, run_s = worst
-        out.append(Finding(
-            category="stall", severity="warning",
-            message=(f"training stalled: no step finished for {gap_s:.1f} s between steps {a} "
-                     f"and {b} ({gap_s / med:.0f}x the median step of {med * 1e3:.1f} ms)"),
-            evidence={"gap_s": gap_s, "median_step_time_s": med, "factor": gap_s / med,
-                      "impact_frac": gap_s / run_s if run_s > 0 else None},
-            steps=(a, b), rank=r if len(t.ranks()) == 1 else None, confidence=0.9,
-            rule="health.stall",
-            recommendation=("Find what ran in the gap (checkpoint save, evaluation, data "
-                            "retries, a hung collective): add a py-spy dump or a timeout "
-                            "alert on step time"),
-        ))
+        gap_s, r, a, b, med, run_s, host, seen = worst
+        where = (f"{gap_s:.1f} s between steps {a} and {b} ({gap_s / med:.0f}x the median "
+                 f"step of {med * 1e3:.1f} ms)")
+        evidence = {"gap_s": gap_s, "median_step_time_s": med, "factor": gap_s / med,
+                    "impact_frac": gap_s / run_s if run_s > 0 else None, "accounting": seen}
+        if host is not None:  # the CPU was taken away: the host's doing, not the job's
+            out.append(Finding(
+                category="environment", severity="info",
+                message=(f"the host took the CPU for {where}: {host}"),
+                evidence={**evidence, "cause": "contention"}, steps=(a, b),
+                rank=r if len(t.ranks()) == 1 else None, confidence=0.8,
+                rule="health.stall",
+                recommendation=("Run on a quiet host (or pin the job's cores) before judging "
+                                "this gap; if it recurs there, treat it as a stall"),
+            ))
+        else:
+            out.append(Finding(
+                category="stall", severity="warning",
+                message=f"training stalled: no step finished for {where}",
+                evidence=evidence, steps=(a, b), rank=r if len(t.ranks()) == 1 else None,
+                confidence=0.9, rule="health.stall",
+                recommendation=("Find what ran in the gap (checkpoint save, evaluation, data "
+                                "retries, a hung collective): add a py-spy dump or a timeout "
+                                "alert on step time"),
+            ))
     out.extend(_live_stall(ctx))
     return out
+
+
+def _gap_accounting(span: AnyArray, cpu: AnyArray, pre: AnyArray, i: int
+                    ) -> tuple[str | None, str]:
+    """What the process's CPU accounting says of gap ``i`` (``span[i]`` seconds of wall
+    time; ``cpu``/``pre``: CPU seconds and involuntary switches over each span): whether
+    the host took the CPU (regimes' contention thresholds, against the other spans'
+    medians), and the numbers in words."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cpu_w, pre_s = cpu / span, pre / span
+    if not (np.isfinite(cpu_w[i]) and np.isfinite(pre_s[i])):
+        return None, "no CPU accounting recorded"
+    rest = np.ones(span.size, dtype=bool)
+    rest[i] = False
+    seen = (f"{cpu[i]:.2f} CPU-s in {span[i]:.2f} s of wall time, {pre[i]:.0f} involuntary "
+            "context switches")
+    if not (np.isfinite(cpu_w[rest]).any() and np.isfinite(pre_s[rest]).any()):
+        return None, seen
+    host = host_took_cpu(float(cpu_w[i]), float(pre_s[i]), float(np.nanmedian(cpu_w[rest])),
+                         float(np.nanmedian(pre_s[rest])))
+    return host, seen
 
 
 def _live_stall(ctx: HealthContext) -> list[Finding]:
