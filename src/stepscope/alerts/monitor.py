@@ -24,9 +24,10 @@ from .._live_env import ALERTS_ENV
 from ..errors import StepscopeError
 from ..store import RunDir
 from .config import AlertsConfig, load_alerts_config
-from .delivery import Dispatcher
+from .delivery import CLOSE_WAIT_S, Dispatcher
 from .metrics import MetricsExporter, flops_from_meta
 from .model import Alert
+from .pending import journal_fields
 from .rules import LiveRules
 from .watchdog import StallWatchdog
 
@@ -60,7 +61,8 @@ class LiveMonitor:
         self.rules = LiveRules(config.rules, name, rank)
         sinks = [s for s in config.sinks if rank == 0 or s.all_ranks or s.type == "console"]
         self.dispatcher = Dispatcher(sinks, record=run.append_event,
-                                     cooldown_s=config.rules.cooldown_s)
+                                     cooldown_s=config.rules.cooldown_s,
+                                     journal=journal_fields(config.source))
         self._wall = wall
         self.on_alert: Callable[[Alert], None] | None = None  # e.g. the metrics counter
         self.watchdog: StallWatchdog | None = None
@@ -89,7 +91,8 @@ class LiveMonitor:
             self.on_alert(alert)
         self.dispatcher.submit(alert)
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Stop the watchdog; give delivery at most ``timeout_s`` (the rest stays pending)."""
         if self.watchdog is not None:
             self.watchdog.stop()
         self.dispatcher.close(timeout_s)
