@@ -29,15 +29,13 @@ from typing import Any
 
 from ..analysis.health.config import HealthConfig
 from .config import RulesConfig
+from .memory import MemoryTrend
 from .model import Alert, Severity
 
 __all__ = ["LiveRules", "RollingMedian", "record_value"]
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _SRC = "stepscope live rules (issue 14)"
-# Memory creep compares the median peak of the first and of the latest 20 steady steps:
-# enough to ride over one-off allocations, short enough to fire within a few minutes.
-_MEM_WINDOW = 20
 
 
 def record_value(record: Mapping[str, Any], key: str) -> float | None:
@@ -109,8 +107,7 @@ class LiveRules:
         self.tokens_per_s = RollingMedian(config.window_steps)
         self.losses = RollingMedian(self.health.spike_window)
         self.grad_norms = RollingMedian(self.health.grad_window)
-        self.mem_first = RollingMedian(_MEM_WINDOW)
-        self.mem_recent = RollingMedian(_MEM_WINDOW)
+        self.memory = MemoryTrend(self.health)
         self._streaks = {name: _Streak() for name in ("step_time", "throughput", "data_wait")}
         self._nonfinite = False
         self._fired_once: set[str] = set()
@@ -289,21 +286,20 @@ class LiveRules:
         mem = record_value(record, "mem_peak_bytes")
         if mem is None or not math.isfinite(mem) or mem <= 0:
             return
-        if len(self.mem_first) < _MEM_WINDOW:
-            self.mem_first.push(mem)
+        creep = self.memory.push(step if step is not None else self.steps_seen, mem)
+        if creep is None or not self._once("memory_creep"):
             return
-        self.mem_recent.push(mem)
-        if len(self.mem_recent) < _MEM_WINDOW:
-            return
-        first, now_med = self.mem_first.median(), self.mem_recent.median()
-        grew = now_med - first
-        h = self.health
-        if grew >= h.mem_creep_frac * first and grew >= h.mem_creep_min_bytes and self._once(
-                "memory_creep"):
-            out.append(self._alert(
-                "memory_creep", "warning", step,
-                f"peak memory grew {grew / 2**20:.0f} MiB ({100 * grew / first:.0f}%) since "
-                "the start of steady state", "something keeps references across steps "
-                "(a list of losses with graphs, a cache); it ends in out-of-memory",
-                {"mem_peak_bytes": now_med, "first_mem_peak_bytes": first}, now_s,
-                "health rules: mem_creep_frac, mem_creep_min_bytes (analysis/health)"))
+        c, mib = creep, 2.0**20
+        grew = c.last_bytes - c.first_bytes
+        out.append(self._alert(
+            "memory_creep", "warning", step,
+            f"peak memory keeps growing: {c.first_bytes / mib:.0f} MiB to "
+            f"{c.last_bytes / mib:.0f} MiB (+{100 * grew / c.first_bytes:.0f}%) over steps "
+            f"{c.first_step}-{c.last_step}, {c.bytes_per_step / mib:.2f} MiB per step "
+            f"(rank correlation {c.rank_correlation:.2f})",
+            "something keeps references across steps (a list of losses with graphs, a "
+            "cache); at this rate it ends in out-of-memory",
+            {"mem_peak_bytes": c.last_bytes, "first_mem_peak_bytes": c.first_bytes,
+             "bytes_per_step": c.bytes_per_step, "rank_correlation": c.rank_correlation},
+            now_s, "health rules: memory_creep (mem_creep_frac, mem_creep_min_bytes, "
+            "mem_creep_min_corr; Theil-Sen slopes in both halves)"))
