@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.health.config import HealthConfig
-from ..store import RunDir
+from ..store import CONDITIONS_DIR, RunDir
 from .config import RulesConfig
 from .model import Alert, Severity
 from .ranks import StragglerRule
@@ -128,6 +128,11 @@ class RunWatcher:
         for ev in self._events.read():
             if ev.get("type") == "cross_rank" and "straggler" not in self.rules_cfg.disable:
                 out.extend(self._stragglers.observe(ev, wall))
+        for path in sorted((self.run.path / CONDITIONS_DIR).glob("rank-*.jsonl")):
+            tail = self._tails.setdefault(path, JsonlTail(path))
+            rank = self._rank(int(path.stem.split("-")[-1]), now)
+            for sample in tail.read():
+                rank.rules.observe_conditions(sample)
         for path in self.run.step_files():
             tail = self._tails.setdefault(path, JsonlTail(path))
             for rec in tail.read():

@@ -29,6 +29,7 @@ from .metrics import MetricsExporter, flops_from_meta
 from .model import Alert
 from .pending import journal_fields
 from .rules import LiveRules
+from .tail import JsonlTail
 from .watchdog import StallWatchdog
 
 __all__ = ["LiveMonitor", "LiveHandle", "attach", "start", "ENV_VAR"]
@@ -59,6 +60,10 @@ class LiveMonitor:
         except Exception:  # rank 0 may not have written run.json yet
             name = run.path.name
         self.rules = LiveRules(config.rules, name, rank)
+        # This rank's condition samples, written by the same writer thread just before the
+        # rules run (the conditions log listens first): the environment rules read them.
+        cond = run.conditions_path(rank)
+        self._conditions = JsonlTail(cond, offset=cond.stat().st_size if cond.exists() else 0)
         sinks = [s for s in config.sinks if rank == 0 or s.all_ranks or s.type == "console"]
         self.dispatcher = Dispatcher(sinks, record=run.append_event,
                                      cooldown_s=config.rules.cooldown_s,
@@ -82,6 +87,8 @@ class LiveMonitor:
     def on_records(self, records: list[dict[str, Any]]) -> None:
         """Listener for the recorder's writer thread: each record through the rules."""
         now = self._wall()
+        for sample in self._conditions.read():
+            self.rules.observe_conditions(sample)
         for rec in records:
             for alert in self.rules.observe(rec, now):
                 self.submit(alert)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..analysis.health.config import HealthConfig
 from .config import RulesConfig
+from .environment import EnvironmentRule
 from .memory import MemoryTrend
 from .model import Alert, Severity
 from .values import RollingMedian, record_value
@@ -66,6 +67,7 @@ class LiveRules:
         self.losses = RollingMedian(self.health.spike_window)
         self.grad_norms = RollingMedian(self.health.grad_window)
         self.memory = MemoryTrend(self.health)
+        self.environment = EnvironmentRule(run, rank, config.consecutive, config.window_steps)
         self._streaks = {name: _Streak() for name in ("step_time", "throughput", "data_wait")}
         self._nonfinite = False
         self._fired_once: set[str] = set()
@@ -96,6 +98,8 @@ class LiveRules:
         if self.steps_seen <= self.cfg.warmup_steps:
             return out
         self._grad_and_scale(record, step, now_s, out)
+        out.extend(a for a in self.environment.observe_step(record, step, now_s)
+                   if self._on(a.rule))
         self._memory(record, step, now_s, out)
         slow = self._step_time(st, step, now_s, out)
         self._throughput(record, st, step, now_s, out)
@@ -103,6 +107,10 @@ class LiveRules:
         if not slow:
             self.step_times.push(st)
         return out
+
+    def observe_conditions(self, sample: Mapping[str, Any]) -> None:
+        """A condition sample of this rank (conditions.py), for the environment rules."""
+        self.environment.observe_sample(sample)
 
     def _on(self, rule: str) -> bool:
         return rule not in self.cfg.disable
