@@ -89,7 +89,7 @@ class RunWatcher:
         self._state_of = state_of
         self._tails: dict[Path, JsonlTail] = {}
         self._events = JsonlTail(run.events_path)
-        self._stragglers = StragglerRule(self.name)
+        self._stragglers = StragglerRule(self.name, rules.consecutive)
         self._ranks: dict[int, _Rank] = {}
         self._started_s: float | None = None
         self._no_steps_reported = False

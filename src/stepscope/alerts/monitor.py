@@ -28,6 +28,7 @@ from .delivery import CLOSE_WAIT_S, Dispatcher
 from .metrics import MetricsExporter, flops_from_meta
 from .model import Alert
 from .pending import journal_fields
+from .ranks import StragglerRule
 from .rules import LiveRules
 from .tail import JsonlTail
 from .watchdog import StallWatchdog
@@ -64,6 +65,13 @@ class LiveMonitor:
         # rules run (the conditions log listens first): the environment rules read them.
         cond = run.conditions_path(rank)
         self._conditions = JsonlTail(cond, offset=cond.stat().st_size if cond.exists() else 0)
+        # Rank 0 (which sends to the chat sinks) also judges the cross-rank views its merge
+        # thread appends to events.jsonl: every rank's straggler score of each exchange.
+        self._stragglers: StragglerRule | None = None
+        if rank == 0 and "straggler" not in config.rules.disable:
+            self._stragglers = StragglerRule(name, config.rules.consecutive)
+            ev = run.events_path
+            self._events = JsonlTail(ev, offset=ev.stat().st_size if ev.exists() else 0)
         sinks = [s for s in config.sinks if rank == 0 or s.all_ranks or s.type == "console"]
         self.dispatcher = Dispatcher(sinks, record=run.append_event,
                                      cooldown_s=config.rules.cooldown_s,
@@ -92,6 +100,11 @@ class LiveMonitor:
         for rec in records:
             for alert in self.rules.observe(rec, now):
                 self.submit(alert)
+        if self._stragglers is not None:
+            for ev in self._events.read():  # what was appended since the last batch
+                if ev.get("type") == "cross_rank":
+                    for alert in self._stragglers.observe(ev, now):
+                        self.submit(alert)
 
     def submit(self, alert: Alert) -> None:
         if self.on_alert is not None:
