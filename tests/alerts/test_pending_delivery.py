@@ -170,3 +170,38 @@ def test_stepscope_run_delivers_what_its_sigkilled_trainer_left_pending(
     assert "pending alert nonfinite_loss -> team-hook: accepted" in err
     assert len(_late(robots)) == 1
     assert find_pending(_events(out)) == []
+
+
+@pytest.mark.slow
+def test_watch_delivers_what_a_sigkilled_trainer_left_pending(tmp_path: Path,
+                                                              robots: ChatRobots) -> None:
+    run = tmp_path / "run"
+    hole = BlackHole()
+    f = _alert_file(tmp_path / "alerts.toml", hole.url, timeout_s=60.0)
+    back = _alert_file(tmp_path / "back.toml", robots.url("webhook"))
+    trainer = subprocess.Popen([sys.executable, str(SCRIPTS / "nan_loss_recorder.py"),
+                                str(run), str(f), "--then", "forever"], text=True, env=_env())
+    watch = None
+    try:
+        _wait_pending(run, trainer)
+        watch = subprocess.Popen([sys.executable, "-m", "stepscope", "watch", str(run),
+                                  "--alerts", str(back), "--stall-after", "600", "--poll",
+                                  "0.2", "--json"], stdout=subprocess.PIPE, text=True,
+                                 env=_env())
+        os.kill(trainer.pid, signal.SIGKILL)
+        assert trainer.wait(timeout=30) == -signal.SIGKILL
+        out, _ = watch.communicate(timeout=90)
+        assert watch.returncode == 1  # the run's process is gone
+    finally:
+        for p in (trainer, watch):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        hole.stop()
+    # The watch's own findings (it applies the same rules to the step file) ...
+    assert [json.loads(x)["rule"] for x in out.splitlines()] == ["nonfinite_loss",
+                                                                 "process_gone"]
+    [text] = _late(robots)  # ... and the killed trainer's own alert, sent by the watch
+    assert "nonfinite_loss" in text
+    assert any("process_gone" in t for t in robots.state.texts("webhook"))
+    assert find_pending(_events(run)) == []

@@ -81,13 +81,15 @@ class EnvironmentRule:
         self._fired = False
 
     def observe_sample(self, sample: Mapping[str, Any]) -> None:
-        """A condition sample; it joins the reference while nothing is flagged."""
-        self._samples.append(sample)
-        if self._flagged is None:
+        """A condition sample. It joins the reference when it leaves the recent window
+        with nothing flagged: by then the steps it covered have been judged (a sample is
+        often read before the step records of its interval)."""
+        if len(self._samples) == RECENT_SAMPLES and self._flagged is None:
             for k in _FIELDS:
-                v = record_value(sample, k)
+                v = record_value(self._samples[0], k)
                 if v is not None and math.isfinite(v):
                     self._ref_cond[k].push(v)
+        self._samples.append(sample)
 
     def observe_step(self, record: Mapping[str, Any], step: int | None,
                      now_s: float) -> list[Alert]:
