@@ -250,7 +250,8 @@ class LiveRules:
     def _memory(self, record: Mapping[str, Any], step: int | None, now_s: float,
                 out: list[Alert]) -> None:
         mem = record_value(record, "mem_peak_bytes")
-        if mem is None or not math.isfinite(mem) or mem <= 0:
+        if mem is None or not math.isfinite(mem) or mem <= 0 or not self._on("memory_creep") \
+                or "memory_creep" in self._fired_once:  # once per run: no more judging
             return
         creep = self.memory.push(step if step is not None else self.steps_seen, mem)
         if creep is None or not self._once("memory_creep"):
