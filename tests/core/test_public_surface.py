@@ -25,6 +25,7 @@ PUBLIC = {
 # command -> its flags, sorted.
 CLI = {
     'alerts': (),
+    'alerts flush': ('--alerts', '--json'),
     'alerts test': ('--json',),
     'compare': ('--allow-multi', '--json', '--markdown', '--repeat', '--seed'),
     'demo': ('--framework', '--json', '--out', '--seed', '--slow-data', '--steps'),

@@ -91,6 +91,10 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
         env.update(live_env(alerts_file, metrics_port))
     outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env,
                      grace_s=grace_s)
+    if env.get("STEPSCOPE_ALERTS"):  # the launcher outlives a killed trainer: send its rest
+        from ..alerts.launch import flush_after_run
+
+        flush_after_run(outcome.run_dir, env["STEPSCOPE_ALERTS"])
     if outcome.profile_dir is not None:  # analysed here: never in the launcher or trainer
         outcome.profile_analysis = _analyze_profile(outcome.run_dir, outcome.profile_dir,
                                                     profile_steps)
