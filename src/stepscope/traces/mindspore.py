@@ -157,20 +157,27 @@ def read_rank_dir(d: Path, rank: int | None = None) -> EventTable:
     if rank is None:
         meta["rank_source"] = "no per-rank file name found; rank 0 assumed"
     table = b.build(0 if rank is None else rank, meta)
-    return annotate(table, _load_markers(d, 0 if rank is None else rank))
+    steps, phases = _load_markers(d, 0 if rank is None else rank)
+    return annotate(table, steps, phases)
 
 
-def _load_markers(d: Path, rank: int) -> list[dict[str, Any]] | None:
-    """Step windows stepscope's own capture wrote beside the profile (epoch us), if any."""
+def _load_markers(d: Path, rank: int
+                  ) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+    """Step windows and phase windows stepscope's own capture wrote beside the profile
+    (epoch us), if any: (steps, phases)."""
     for f in (d / MARKERS_FILE, d.parent / MARKERS_FILE):
         if f.is_file():
             try:
                 data = orjson.loads(f.read_bytes())
             except (orjson.JSONDecodeError, OSError):
-                return None
-            steps = data.get("steps", []) if isinstance(data, dict) else data
-            return [s for s in steps if isinstance(s, dict) and s.get("rank", rank) == rank]
-    return None
+                return None, None
+            doc = data if isinstance(data, dict) else {"steps": data}
+            return _mine(doc.get("steps"), rank), _mine(doc.get("phases"), rank) or None
+    return None, None
+
+
+def _mine(rows: Any, rank: int) -> list[dict[str, Any]]:
+    return [s for s in rows or [] if isinstance(s, dict) and s.get("rank", rank) == rank]
 
 
 def read(path: Path) -> list[EventTable]:
