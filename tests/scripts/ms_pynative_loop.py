@@ -1,7 +1,10 @@
 """The MindSpore quick-start PyNative loop (``forward_fn`` / ``value_and_grad`` /
 ``train_step``) on a small CNN, measured by LoopRecorder with a profile of some steps.
 
-usage: ms_pynative_loop.py RUN_DIR [--steps N] [--profile A:B] [--direct K]
+usage: ms_pynative_loop.py RUN_DIR [--steps N] [--profile A:B] [--direct K] [--graph]
+
+--graph: the same loop in GRAPH mode with ``train_step`` under ``mindspore.jit`` (the
+tutorial's compiled variant), for comparing profiles of the two modes.
 
 After training, the script measures its phases directly, K times each, every call followed
 by a sync: the forward alone (``forward_fn``), forward+backward (``grad_fn``) and the update
@@ -54,8 +57,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--profile", default="2:4")
     ap.add_argument("--direct", type=int, default=5)
+    ap.add_argument("--graph", action="store_true")
     a = ap.parse_args()
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_context(mode=ms.GRAPH_MODE if a.graph else ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     ms.set_seed(0)
     model = SmallCNN()
@@ -73,6 +77,8 @@ def main() -> None:
         optimizer(grads)
         return loss
 
+    if a.graph:
+        train_step = ms.jit(train_step)
     rng = np.random.default_rng(0)
     data = [(ms.Tensor(rng.standard_normal((BATCH, CH, HW, HW)).astype(np.float32)),
              ms.Tensor(rng.integers(0, CLASSES, BATCH).astype(np.int32)))

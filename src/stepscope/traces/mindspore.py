@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import csv
 import re
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from .mindspore_formats import (
     read_step_trace,
     read_trace_view,
 )
-from .mindspore_phases import MARKERS_FILE, annotate
+from .mindspore_phases import MARKERS_FILE, annotate, op_type
 
 __all__ = ["read", "looks_like", "read_rank_dir", "find_rank_dirs"]
 
@@ -157,8 +158,25 @@ def read_rank_dir(d: Path, rank: int | None = None) -> EventTable:
     if rank is None:
         meta["rank_source"] = "no per-rank file name found; rank 0 assumed"
     table = b.build(0 if rank is None else rank, meta)
+    known = {**_cpu_op_types(fw), **b.op_types}
+    table.meta["op_types"] = [known.get(n) or op_type(n) for n in table.names]
     steps, phases = _load_markers(d, 0 if rank is None else rank)
     return annotate(table, steps, phases)
+
+
+def _cpu_op_types(fw: Path) -> dict[str, str]:
+    """Full op name -> op type from ``FRAMEWORK/cpu_op_detail_info_{rank}.csv`` (CPU)."""
+    out: dict[str, str] = {}
+    for f in sorted(fw.glob("cpu_op_detail_info_*.csv")) if fw.is_dir() else []:
+        try:
+            with f.open(newline="", errors="replace") as fh:
+                for row in csv.DictReader(fh):
+                    name, kind = row.get("full_op_name"), row.get("op_type")
+                    if name and kind:
+                        out[name.strip()] = kind.strip()
+        except (OSError, csv.Error):
+            continue
+    return out
 
 
 def _load_markers(d: Path, rank: int

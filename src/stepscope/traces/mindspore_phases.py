@@ -48,6 +48,7 @@ from ..schema import EVENT_KINDS, EventTable
 Arr = npt.NDArray[Any]
 
 __all__ = ["PHASE_NAMES", "PHASE_RULES", "MARKERS_FILE", "GRAD_SEED_OP_TYPES", "op_phase",
+           "op_type",
            "is_comm_op", "annotate", "phase_busy_us"]
 
 MARKERS_FILE = "stepscope_steps.json"
@@ -84,8 +85,13 @@ PHASE_RULES: tuple[tuple[int, re.Pattern[str]], ...] = (
 )
 
 
-def _op_type(name: str) -> str:
+def op_type(name: str) -> str:
+    """The primitive of a MindSpore op name: its last path part without ``-opN``
+    (``Gradients/Default/.../Conv2DBackpropFilter-op3`` -> ``Conv2DBackpropFilter``)."""
     return _OP_SUFFIX.sub("", name.rsplit("/", 1)[-1])
+
+
+_op_type = op_type
 
 
 def is_comm_op(name: str) -> bool:
