@@ -98,3 +98,21 @@ def test_capture_raises_no_schedule_warning(captured: tuple[Path, dict[str, Any]
     assert "Incorrect schedule" not in log
     assert "won't be using warmup" not in log
     assert "Start parsing profiling data" in log  # the profiler did save (warnings were on)
+
+
+def test_report_breakdown_uses_the_archived_profile(
+        captured: tuple[Path, dict[str, Any], str]) -> None:
+    from click.testing import CliRunner
+
+    import stepscope.cli.report  # noqa: F401  (registers `report`)
+    from stepscope.cli import cli
+
+    run_dir, _, _ = captured
+    res = CliRunner().invoke(cli, ["report", str(run_dir), "--json", "--no-html"])
+    assert res.exit_code == 0, res.output
+    sheet = json.loads(res.output)
+    assert sheet["phase_source"].startswith("profile ")
+    assert "3 profiled steps on 1 rank" in sheet["phase_source"]
+    frac = sheet["phase_frac"]
+    assert frac["forward"] > 0.1 and frac["backward"] > 0.1
+    assert frac["other"] < 0.5  # was "other 99.9%": the records hold no phases here

@@ -361,3 +361,12 @@ def test_real_pynative_capture_with_marks_reads_back() -> None:
                                           "unscoped ops took the phase of the op before them")
     pnames, pphase = _names(plain), plain.extra["phase"].astype(int)
     assert np.all(pphase[pnames == "Default/OnesLike-op0"] == PHASE_NAMES.index("forward"))
+
+
+def test_one_rank_read_alone_keeps_its_rank(shared_data: Path) -> None:
+    from stepscope.analysis.trace.breakdown import analyze
+
+    rank1 = sorted((shared_data / MS / "dp2_cpu_msrun").glob("*_ascend_ms"))[1]
+    [t] = msr.read(rank1)
+    assert t.meta["rank"] == 1 and int(t.rank[0]) == 1
+    assert list(analyze([t]).ranks) == [1]

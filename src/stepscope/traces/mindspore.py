@@ -158,6 +158,9 @@ def read_rank_dir(d: Path, rank: int | None = None) -> EventTable:
     if rank is None:
         meta["rank_source"] = "no per-rank file name found; rank 0 assumed"
     table = b.build(0 if rank is None else rank, meta)
+    # The breakdown keys ranks by meta["rank"] (else the table's position): one rank's
+    # directory read alone (rank 1 of an msrun capture) must stay rank 1.
+    table.meta["rank"] = 0 if rank is None else rank
     known = {**_cpu_op_types(fw), **b.op_types}
     table.meta["op_types"] = [known.get(n) or op_type(n) for n in table.names]
     steps, phases = _load_markers(d, 0 if rank is None else rank)
