@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ..calc import flops
 from ..schema import BETWEEN_STEP_COLUMNS, AnyArray, RunMeta, StepTable
+from .mfu import run_mfu
 from .regimes import Regimes, find_regimes
 
 __all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "headline_mask", "Conditions",
@@ -296,44 +296,6 @@ def _throughput(steady: StepTable, col: str) -> float | None:
     per_rank = np.where(t > 0, g.sums(steady[col]) / np.where(t > 0, t, 1.0), 0.0)
     total = float(np.cumsum(per_rank)[-1]) if per_rank.size else 0.0  # sequential, in rank order
     return total or None
-
-
-def run_mfu(tokens_per_s: float | None, meta: RunMeta | None, ranks: int = 1
-            ) -> tuple[float | None, float | None, str]:
-    """(MFU, HFU, note) of a throughput with run.json's FLOPs per token and device peak.
-
-    The one MFU of reports, ledgers, the index and the demo's live progress line; the
-    formula is the calculator's (:func:`stepscope.calc.flops.mfu`). Devices: run.json's
-    ``num_devices``, else ``ranks``. Unknown inputs give None and the note says which.
-
-    Example::
-
-        mfu, hfu, note = run_mfu(sheet.tokens_per_s, run.read_meta(), ranks=2)
-    """
-    env = meta.environment if meta else {}
-    fpt, peak = _positive(env.get("flops_per_token")), _positive(env.get("peak_flops_per_device"))
-    if tokens_per_s is None or not tokens_per_s > 0:
-        return None, None, "no token counts recorded"
-    if fpt is None:
-        return None, None, "model FLOPs per token unknown (record flops_per_token)"
-    if peak is None:
-        return None, None, str(env.get("peak_flops_source") or "device peak FLOP/s unknown")
-    devices = max(1, int((meta.baseline.get("num_devices") if meta else None) or ranks or 1))
-    hw = _positive(env.get("hardware_flops_per_token")) or fpt
-    conv = env.get("flops_convention", "unspecified convention")
-    src = env.get("peak_flops_source", "unspecified source")
-    return (flops.mfu(tokens_per_s, fpt, peak, devices),
-            flops.hfu(tokens_per_s, hw, peak, devices),
-            f"{conv}; peak {peak / 1e12:.3g} TFLOP/s per device ({src})")
-
-
-def _positive(v: Any) -> float | None:
-    """``v`` as a float when it is a finite positive number, else None."""
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) and x > 0 else None
 
 
 def _rank_lines(steady: StepTable) -> list[RankLine]:
