@@ -6,9 +6,10 @@ usage: ms_pynative_loop.py RUN_DIR [--steps N] [--profile A:B] [--direct K] [--g
 --graph: the same loop in GRAPH mode with ``train_step`` under ``mindspore.jit`` (the
 tutorial's compiled variant), for comparing profiles of the two modes.
 
-After training, the script measures its phases directly, K times each, every call followed
-by a sync: the forward alone (``forward_fn``), forward+backward (``grad_fn``) and the update
-alone (``optimizer(grads)``). Prints one JSON line: {"direct_ms": {...}, "losses": [...]}.
+After training, the script measures its phases directly (the fastest of K interleaved runs,
+every call followed by a sync): the forward alone (``forward_fn``), forward+backward
+(``grad_fn``) and the update alone (``optimizer(grads)``). Prints one JSON line:
+{"direct_ms": {...}, "losses": [...]}.
 """
 
 from __future__ import annotations
@@ -39,16 +40,19 @@ class SmallCNN(nn.Cell):
         return self.dense(self.flatten(self.relu(self.conv2(self.relu(self.conv1(x))))))
 
 
-def _timed(fn, k: int) -> float:  # type: ignore[no-untyped-def]
+def _direct(fns: dict[str, object], k: int) -> dict[str, float]:
+    """Fastest of ``k`` interleaved runs of each call, each followed by a sync (ms): the
+    minimum is the run least disturbed by other processes on a shared host."""
     from mindspore.graph.api import _pynative_executor
 
-    out = []
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(k):
-        t0 = time.perf_counter()
-        fn()
-        _pynative_executor.sync()
-        out.append(time.perf_counter() - t0)
-    return float(np.median(out) * 1e3)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()  # type: ignore[operator]
+            _pynative_executor.sync()
+            best[name] = min(best[name], (time.perf_counter() - t0) * 1e3)
+    return best
 
 
 def main() -> None:
@@ -95,9 +99,9 @@ def main() -> None:
     rec.close()
     x, y = data[0]
     (_, _), grads = grad_fn(x, y)
-    direct = {"forward": _timed(lambda: forward_fn(x, y), a.direct),
-              "forward_backward": _timed(lambda: grad_fn(x, y), a.direct),
-              "optimizer": _timed(lambda: optimizer(grads), a.direct)}
+    direct = _direct({"forward": lambda: forward_fn(x, y),
+                      "forward_backward": lambda: grad_fn(x, y),
+                      "optimizer": lambda: optimizer(grads)}, a.direct)
     print(json.dumps({"direct_ms": direct, "losses": losses}))
 
 

@@ -55,8 +55,10 @@ def _table(run_dir: Path) -> EventTable:
 
 
 def _phase_ms(t: EventTable) -> dict[str, float]:
+    """Fastest profiled step's op time per phase (ms): like the script's direct numbers,
+    the minimum is the one least disturbed by other processes."""
     busy = phase_busy_us(t)
-    return {p: float(np.median([row[p] for row in busy.values()])) / 1e3
+    return {p: float(min(row[p] for row in busy.values())) / 1e3
             for p in ("forward", "backward", "optimizer", "other")}
 
 
@@ -85,7 +87,8 @@ def test_trace_phases_agree_with_direct_measurement(
     run_dir, out, _ = captured
     trace = _phase_ms(_table(run_dir))
     direct = out["direct_ms"]
-    fb = trace["forward"] + trace["backward"]
+    busy = phase_busy_us(_table(run_dir))
+    fb = min(r["forward"] + r["backward"] for r in busy.values()) / 1e3
     assert direct["forward"] / FACTOR < trace["forward"] < direct["forward"] * FACTOR, (
         trace, direct)
     assert direct["forward_backward"] / FACTOR < fb < direct["forward_backward"] * FACTOR
