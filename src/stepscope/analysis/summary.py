@@ -378,8 +378,8 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
     st = steady["step_time_s"]
     st = st[np.isfinite(st)]
     total = float(st.sum()) if st.size else 0.0
-    tps = _throughput(steady, "tokens")
-    mfu, hfu, mfu_note = run_mfu(tps, meta, ranks)
+    tps, sps = _throughput(steady, "tokens"), _throughput(steady, "samples")
+    mfu, hfu, mfu_note = run_mfu(tps, meta, ranks, samples_per_s=sps)
     phase_frac, phase_source = _phase_split(steady) if total else ({}, "no steps")
     first, last, lmin = _loss_stats(table)
     acc = table["accuracy"][np.isfinite(table["accuracy"])] if len(table) else np.array([])
@@ -391,7 +391,7 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
         steps=steps, ranks=ranks, warmup_steps=int(len(table) - mask.sum()) if mask.any() else 0,
         loss_first=first, loss_last=last, loss_min=lmin, perplexity=ppl,
         accuracy_last=float(acc[-1]) if acc.size else None,
-        tokens_per_s=tps, samples_per_s=_throughput(steady, "samples"),
+        tokens_per_s=tps, samples_per_s=sps,
         step_time_s=float(np.median(st)) if st.size else None,
         step_time_p90_s=float(np.percentile(st, 90)) if st.size else None,
         mfu=mfu, hfu=hfu, mfu_note=mfu_note,
