@@ -1,5 +1,8 @@
 """Reader for MindSpore profiler output directories (``*_ascend_ms/``) -> EventTable.
 
+Also read here (``traces/mindspore_legacy.py``): msprof ``PROF_*`` directories and the
+flat ``profiler/`` folder of MindSpore <= 2.3.
+
 One event table per rank found under a path. Formats, each with one declarative mapping
 (raw key -> column, type, default) in ``traces/mindspore_formats.py``; per rank directory
 the first present of kernel_details.csv, trace_view.json, cpu_op_execute_timestamp gives the
@@ -55,6 +58,14 @@ from .mindspore_formats import (
     read_step_trace,
     read_trace_view,
 )
+from .mindspore_legacy import (
+    is_legacy_dir,
+    is_msprof_dir,
+    legacy_rank,
+    msprof_rank,
+    read_legacy,
+    read_msprof,
+)
 from .mindspore_phases import MARKERS_FILE, annotate, op_type
 
 __all__ = ["read", "looks_like", "read_rank_dir", "find_rank_dirs"]
@@ -69,7 +80,12 @@ _RANK_FILE_RE = re.compile(r"_(\d+)\.(?:txt|csv|json)$")
 
 
 def _rank_of(d: Path) -> int | None:
-    """Rank from the per-rank file names MindSpore writes (``*_{rank}.txt``/``.json``)."""
+    """Rank from the per-rank file names MindSpore writes (``*_{rank}.txt``/``.json``);
+    an msprof directory's device id."""
+    if is_msprof_dir(d):
+        return msprof_rank(d)
+    if is_legacy_dir(d):
+        return legacy_rank(d)
     candidates = [*sorted((d / FRAMEWORK_DIR).glob("cpu_op_execute_timestamp_*.txt")),
                   *sorted(d.glob("profiler_info_*.json")),
                   *sorted((d / FRAMEWORK_DIR).glob("cpu_op_detail_info_*.csv"))]
@@ -81,7 +97,10 @@ def _rank_of(d: Path) -> int | None:
 
 
 def _is_rank_dir(d: Path) -> bool:
-    return d.is_dir() and ((d / OUTPUT_DIR).is_dir() or (d / FRAMEWORK_DIR).is_dir())
+    """A MindSpore ``*_ascend_ms`` output, an msprof ``PROF_*`` directory, or an older
+    MindSpore ``profiler/`` folder (``traces/mindspore_legacy.py``)."""
+    return d.is_dir() and ((d / OUTPUT_DIR).is_dir() or (d / FRAMEWORK_DIR).is_dir()
+                           or is_msprof_dir(d) or is_legacy_dir(d))
 
 
 def find_rank_dirs(path: Path, max_depth: int = 4) -> list[Path]:
@@ -125,7 +144,14 @@ def read_rank_dir(d: Path, rank: int | None = None) -> EventTable:
     meta: dict[str, Any] = {"framework": "mindspore", "path": str(d)}
     kernels, trace_view = out / "kernel_details.csv", out / "trace_view.json"
     op_txt = sorted(fw.glob("cpu_op_execute_timestamp_*.txt")) if fw.is_dir() else []
-    if kernels.is_file():
+    if is_msprof_dir(d):
+        b, skipped = read_msprof(d)
+        meta["format"] = "msprof"
+        meta["rank_source"] = "the msprof device id (msprof does not know the job's rank)"
+    elif is_legacy_dir(d) and not out.is_dir() and not fw.is_dir():
+        b, skipped = read_legacy(d)
+        meta["format"] = "mindspore profiler/ (MindSpore <= 2.3 layout)"
+    elif kernels.is_file():
         b = Builder(str(kernels))
         skipped = read_kernel_details(kernels, b)
     elif trace_view.is_file():
@@ -156,7 +182,7 @@ def read_rank_dir(d: Path, rank: int | None = None) -> EventTable:
                                f"({b.source}); was any step profiled?")
     meta["rows_skipped"] = skipped
     if rank is None:
-        meta["rank_source"] = "no per-rank file name found; rank 0 assumed"
+        meta["rank_source"] = "no per-rank file name or device id found; rank 0 assumed"
     table = b.build(0 if rank is None else rank, meta)
     # The breakdown keys ranks by meta["rank"] (else the table's position): one rank's
     # directory read alone (rank 1 of an msrun capture) must stay rank 1.
