@@ -5,6 +5,8 @@ usage: ms_pynative_loop.py RUN_DIR [--steps N] [--profile A:B] [--direct K] [--g
 
 --graph: the same loop in GRAPH mode with ``train_step`` under ``mindspore.jit`` (the
 tutorial's compiled variant), for comparing profiles of the two modes.
+--model-train: the same network trained by ``Model.train`` (PyNative) with
+StepscopeCallback instead of the loop (no direct measurement then).
 
 After training, the script measures its phases directly (the fastest of K interleaved runs,
 every call followed by a sync): the forward alone (``forward_fn``), forward+backward
@@ -55,6 +57,21 @@ def _direct(fns: dict[str, object], k: int) -> dict[str, float]:
     return best
 
 
+def _model_train(run_dir: str, model: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Cell,
+                 data: list[tuple[ms.Tensor, ms.Tensor]], steps: tuple[int, int]) -> None:
+    import mindspore.dataset as ds
+    from mindspore.train import Model
+
+    from stepscope.integrations.mindspore.callback import StepscopeCallback
+
+    arrays = [(x.asnumpy(), y.asnumpy()) for x, y in data]
+    dataset = ds.GeneratorDataset(arrays, ["data", "label"], shuffle=False)
+    cb = StepscopeCallback(run_dir, profile_steps=steps)
+    Model(model, loss_fn, optimizer).train(1, dataset, callbacks=[cb],
+                                           dataset_sink_mode=False)
+    print(json.dumps({"model_train": True}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
@@ -62,6 +79,7 @@ def main() -> None:
     ap.add_argument("--profile", default="2:4")
     ap.add_argument("--direct", type=int, default=5)
     ap.add_argument("--graph", action="store_true")
+    ap.add_argument("--model-train", action="store_true")
     a = ap.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE if a.graph else ms.PYNATIVE_MODE)
     ms.set_device("CPU")
@@ -88,6 +106,9 @@ def main() -> None:
              ms.Tensor(rng.integers(0, CLASSES, BATCH).astype(np.int32)))
             for _ in range(a.steps)]
     first, last = (int(v) for v in a.profile.split(":"))
+    if a.model_train:
+        _model_train(a.run_dir, model, loss_fn, optimizer, data, (first, last))
+        return
     rec = LoopRecorder(a.run_dir, network=model, optimizer=optimizer,
                        profile_steps=(first, last))
     losses = []

@@ -119,3 +119,24 @@ def test_report_breakdown_uses_the_archived_profile(
     frac = sheet["phase_frac"]
     assert frac["forward"] > 0.1 and frac["backward"] > 0.1
     assert frac["other"] < 0.5  # was "other 99.9%": the records hold no phases here
+
+
+def test_model_train_in_pynative_is_split_by_the_train_cells_hooks(tmp_path: Path) -> None:
+    # Model.train: the capture hooks TrainOneStepCell's network-with-loss and optimizer
+    run_dir = tmp_path / "model_train"
+    p = subprocess.run([sys.executable, str(SCRIPT), str(run_dir), "--steps", "6",
+                        "--profile", "2:4", "--model-train"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Incorrect schedule" not in p.stdout + p.stderr
+    t = _table(run_dir)
+    assert t.meta["phase_source"].startswith("stepscope phase marks")
+    ops = np.isin(t.kind, OPS)
+    names = np.asarray(t.names, dtype=object)[t.name]
+    phase = t.extra["phase"].astype(int)
+    grad_like = ops & np.array(["Grad" in n or "Backprop" in n for n in names])
+    assert grad_like.any() and np.all(phase[grad_like] == PHASE_NAMES.index("backward"))
+    assert np.all(phase[ops & (names == "Default/Conv2D-op1")] == PHASE_NAMES.index("forward"))
+    busy = phase_busy_us(t)
+    assert all(r["forward"] > 0 and r["backward"] > 0 and r["optimizer"] > 0
+               for r in busy.values())
