@@ -42,3 +42,11 @@ def test_a_forward_without_update_is_forward_only() -> None:
     assert windows_from_events([("forward_begin", 0.0), ("forward_end", 2.0)]) == [
         ("forward", 0.0, 2.0)]
     assert windows_from_events([]) == []
+
+
+def test_the_capture_takes_its_rank_from_mindspores_own_file_names(shared_data) -> None:  # type: ignore[no-untyped-def]
+    from stepscope.integrations.mindspore.profile import _profiler_rank
+
+    ranks = [_profiler_rank(d) for d in
+             sorted((shared_data / "traces/mindspore-cpu/dp2_cpu_msrun").glob("*_ascend_ms"))]
+    assert ranks == [0, 1]

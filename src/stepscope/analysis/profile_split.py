@@ -24,7 +24,7 @@ from typing import Any
 
 from .summary import Sheet
 
-__all__ = ["profile_phase_split", "with_profile_split", "RECORDED_ENOUGH"]
+__all__ = ["profile_phase_split", "with_profile_split", "wants_profile", "RECORDED_ENOUGH"]
 
 # Below this share named by the records (forward/backward/optimizer/comm...), the profile
 # tells more: a stepscope choice (the field report's Model.train run named 0.1%).
@@ -55,13 +55,22 @@ def profile_phase_split(report: Mapping[str, Any]) -> tuple[dict[str, float], in
     return {k: v / step_us for k, v in totals.items() if v > 0 or k == "other"}, n, ranks
 
 
+def _named(sheet: Sheet) -> float:
+    return sum(v for k, v in sheet.phase_frac.items() if k not in ("data_wait", "other"))
+
+
+def wants_profile(sheet: Sheet) -> bool:
+    """True when the records name too little of the step (a profile would be used)."""
+    return bool(sheet.steps) and _named(sheet) < RECORDED_ENOUGH
+
+
 def with_profile_split(sheet: Sheet, doc: Mapping[str, Any] | None) -> Sheet:
     """``sheet`` with the profile's phase split when the records name too little of the
     step (see the module doc); ``doc``: ``latest_profile``'s document (``report``,
     ``profile_dir``)."""
     if not doc or not isinstance(doc.get("report"), Mapping):
         return sheet
-    named = sum(v for k, v in sheet.phase_frac.items() if k not in ("data_wait", "other"))
+    named = _named(sheet)
     if named >= RECORDED_ENOUGH:
         return sheet
     split = profile_phase_split(doc["report"])

@@ -9,7 +9,7 @@ from typing import Any
 from ..analysis.diagnose import diagnose, records_lost
 from ..analysis.findings import Finding, severity_rank
 from ..analysis.flopsconv import with_flops_convention
-from ..analysis.profile_split import with_profile_split
+from ..analysis.profile_split import wants_profile, with_profile_split
 from ..analysis.summary import Sheet, summarize
 from ..report.html import render_html
 from ..report.profile_view import profile_html
@@ -63,7 +63,8 @@ def load_run(path: str | Path, flops_convention: str | None = None) -> LoadedRun
     conditions = rs.run.read_conditions()
     sheet = summarize(rs.table, meta, skipped_records=rs.stats.skipped,
                       conditions=conditions)
-    profile = _profile_doc(rs.run)
+    # Reading an unanalysed capture costs a trace read: only when the breakdown needs it.
+    profile = _profile_doc(rs.run) if wants_profile(sheet) else latest_profile(rs.run)
     sheet = with_profile_split(sheet, profile)
     result = diagnose(rs.table, meta, events=events, conditions=conditions)
     findings = sorted(result.findings, key=lambda f: severity_rank(f.severity))

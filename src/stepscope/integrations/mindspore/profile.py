@@ -154,6 +154,14 @@ class ProfileCapture:
             doc["phase_marks"] = "network and optimizer hooks, each after a device sync"
         elif self._marks.note:
             doc["phase_marks_note"] = self._marks.note
+        # MindSpore names its per-rank files by the rank it ran as (``*_{rank}.txt``): that
+        # is this capture's rank, also where the session was set up before the
+        # communication was (an msrun worker that read no rank yet would say 0).
+        rank = _profiler_rank(out)
+        if rank is not None and rank != self.rank:
+            for w in self._windows + self._phase_windows:
+                w["rank"] = rank
+            self.rank = rank
         self.run.write_profile_file(out, MARKERS_FILE, orjson.dumps(doc))
         # Only where the capture is: reading and analysing it is the readers' work
         # (`stepscope trace`, `stepscope diagnose`), never the training process's.
@@ -165,3 +173,13 @@ class ProfileCapture:
         assert self.dir is not None
         mine = [d for d in self.dir.glob("*_ascend_ms") if f"_{os.getpid()}_" in d.name]
         return max(mine, key=lambda d: d.stat().st_mtime) if mine else None
+
+
+def _profiler_rank(out: Path) -> int | None:
+    """The rank in the names of MindSpore's per-rank files (``*_{rank}.txt``/``.json``)."""
+    for f in sorted(out.glob("FRAMEWORK/cpu_op_execute_timestamp_*.txt")) + \
+            sorted(out.glob("profiler_info_*.json")):
+        stem = f.stem.rsplit("_", 1)[-1]
+        if stem.isdigit():
+            return int(stem)
+    return None
