@@ -201,7 +201,7 @@ CLI = {
     'scaling': ('--allow-multi', '--json', '--markdown'),
     'serve': ('--host', '--port'),
     'trace': (),
-    'trace diff': ('--hta-compatible', '--json', '--steps', '--top'),
+    'trace diff': ('--by', '--hta-compatible', '--json', '--steps', '--top'),
     'trace show': ('--engine', '--hta-compatible', '--json', '--scheduler', '--steps', '--top'),
     'watch': ('--alerts', '--json', '--poll', '--stall-after'),
 }

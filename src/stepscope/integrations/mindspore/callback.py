@@ -71,11 +71,14 @@ __all__ = [
 T = TypeVar("T")
 def _session(run_dir: str | os.PathLike[str], meta: dict[str, Any],
              profile_steps: tuple[int, int] | None, every: int, rank: int | None,
-             loss_source: str, alerts: str | os.PathLike[str] | None = None) -> StepSession:
+             loss_source: str, alerts: str | os.PathLike[str] | None = None,
+             cells: tuple[Any, Any] = (None, None)) -> StepSession:
     r, world = rank_and_world()
     r = r if rank is None else rank
     rec = Recorder(run_dir, meta=meta, rank=r, alerts=alerts)
     capture = ProfileCapture(rec.run, profile_steps, r, world) if profile_steps else None
+    if capture is not None:  # PyNative phase marks (network, optimizer): see profile.py
+        capture.attach(*cells)
     s = StepSession(rec, loss_source=loss_source, capture=capture,
                     mem_probe=process_memory_bytes)
     s.enable_cross_rank(world=world, every=every)  # through the run dir, no AllGather
@@ -130,7 +133,8 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         m = _base_meta(meta, getattr(p, "network", None), getattr(p, "optimizer", None))
         m.setdefault("config", {})["stepscope_integration"] = "mindspore Model.train callback"
         self.core = _session(self.run_dir, m, profile_steps, every, rank,
-                             "the training network's outputs", self.alerts)
+                             "the training network's outputs", self.alerts,
+                             cells=(getattr(p, "train_network", None), None))
         self._last_cur = int(getattr(p, "cur_step_num", 0) or 0)  # >0 when resuming
 
     def on_train_epoch_begin(self, run_context: Any) -> None:
@@ -198,7 +202,7 @@ class LoopRecorder:
                              "backward in one call; the host cannot time them apart "
                              "(profile_steps splits them by op name)")
         self.core = _session(run_dir, m, profile_steps, cross_rank_every, rank,
-                             "the custom loop", alerts)
+                             "the custom loop", alerts, cells=(network, optimizer))
         self.optimizer, self.scaler = optimizer, scaler
         self.tokens_per_sample = tokens_per_sample
         self._loss: float | None = None
