@@ -52,7 +52,9 @@ from .common import emit_json
 @click.option("--flops-convention", default=None, metavar="NAME",
               help="FLOPs convention of the run's MFU: matmul (default: 6 x matmul "
                    "parameters, embedding lookups left out), palm, torchtitan, 6n, megatron, "
-                   "megatron-2022 (those with an attention term need model.config's shape).")
+                   "megatron-2022 (those with an attention term need model.config's shape), "
+                   "counted (forward FLOPs counted on the model x 3; the default when no "
+                   "token ids are seen, e.g. CNNs and MLPs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: int,
