@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import time
 import warnings
@@ -36,6 +35,7 @@ from .probes import MemProbe, batch_counts
 from .settings import Settings
 from .values import (
     StepData,
+    call_kwargs,
     dist_rank,
     emit,
     grad_norm_tensor,
@@ -200,7 +200,7 @@ class AutoState:
                 # Global pre-hooks see positional arguments only; models called with
                 # keywords (Hugging Face: model(**batch)) are read from the caller's
                 # frame: no hook on the user's module (torch.save(model) must work).
-                self._count_inputs(_first_call_kwargs())
+                self._count_inputs(call_kwargs())
 
     def _note_layout(self, module: Any) -> None:
         """Once per model: it is trained (its evaluation is recognised), its layout."""
@@ -388,20 +388,3 @@ class AutoState:
         self.at_close(self, status, error)
         rec.close(status=status, error=error)
 
-
-def _first_call_kwargs() -> dict[str, Any]:
-    """Keyword arguments of the module call now in progress, read from its frame.
-
-    Used once per model, for the one call that happens before the per-module kwargs hook
-    exists: the caller chain is Module._call_impl -> global pre-hook -> on_forward_root.
-    Anything unexpected gives {} (the step then counts tokens from the DataLoader).
-    """
-    frame = sys._getframe(1)
-    for _ in range(6):
-        frame = frame.f_back  # type: ignore[assignment]
-        if frame is None:
-            return {}
-        if frame.f_code.co_name == "_call_impl":
-            kwargs = frame.f_locals.get("kwargs")
-            return kwargs if isinstance(kwargs, dict) else {}
-    return {}
