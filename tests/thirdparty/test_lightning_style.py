@@ -68,3 +68,9 @@ def test_validation_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None
 
 def test_data_wait_is_recorded_from_lightnings_loader(run: ScriptRun) -> None:
     assert np.isfinite(run.table["data_wait_s"]).all()
+
+
+def test_val_loss_is_lightnings_and_the_sanity_check_is_not_recorded(run: ScriptRun) -> None:
+    own = [e for e in run.own["eval"] if not e["sanity"]]
+    assert len(own) == 3 and run.own["eval"][0]["sanity"]
+    assert run.evals() == [(e["after_step"], {"val_loss": e["loss"]}) for e in own]

@@ -29,7 +29,7 @@ from typing import Any
 from ...rank import resolve_rank
 from ...recorder import Recorder
 from ...session import StepSession
-from . import accum, between, ddp, layout, loops
+from . import accum, between, ddp, evalloss, frameworks, layout, loops
 from .marks import PhaseMarks
 from .probes import MemProbe, batch_counts
 from .settings import Settings
@@ -116,6 +116,11 @@ class AutoState:
         self.seq_first: str | None = None
         self.ddp_hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self.manual_steps = False  # boundaries at Module.zero_grad (no torch.optim seen)
+        # evaluation losses between steps (.evalloss) and the frameworks' own (.frameworks)
+        self.evals = evalloss.EvalLosses()
+        self.eval_weight = 1.0
+        self.eval_events: list[dict[str, Any]] = []
+        self.frameworks_patched: set[str] = set()
 
     def _phase_now(self) -> str:
         if self.in_backward:
@@ -190,8 +195,10 @@ class AutoState:
             if has_params:
                 self.on_model(self, module)
                 self._note_layout(module)
+                frameworks.patch_loaded(self)
         self.root = module if has_params else None
         if has_params:
+            evalloss.flush(self)  # training resumed: the evaluation before it is complete
             self.cur.fwd_calls += 1
             if self.closure_done:
                 return  # a closure's re-evaluation (LBFGS): the batch is counted once
@@ -257,6 +264,7 @@ class AutoState:
     def before_backward(self, tensor: Any) -> None:
         """Read the loss's accumulation divisor while its graph is alive (:mod:`.accum`)."""
         self.divisor = None
+        evalloss.flush(self)
         if tensor is not None and tensor.numel() == 1 and not self.closure_done:
             src = self.scaled.get(id(tensor))
             self.divisor = accum.divisor(src if src is not None else tensor)
@@ -382,6 +390,10 @@ class AutoState:
             loops.manual_boundary(self)  # a manual loop's last update: no zero_grad after
         self.before_close(self)  # e.g. stop a profiler still running
         self.flush(block=True)
+        try:
+            evalloss.flush(self)  # an evaluation after the last step
+        except Exception as exc:
+            self.failed("evaluation record", exc)
         rec = self.rec
         if rec is None:
             return
