@@ -68,9 +68,17 @@ class EvalLosses:
         self.entries: list[list[Any]] = []
         self.framework = False  # the HF Trainer or Lightning reports evaluations itself
 
-    def add(self, loss: Any, weight: float) -> None:
-        if not self.framework:
-            self.entries.append([None if loss is None else loss.detach(), weight])
+    def add(self, loss: Any, weight: float) -> list[Any] | None:
+        """Keep one evaluation forward's loss (None: it had none); returns its entry."""
+        if self.framework:
+            return None
+        entry = [None if loss is None else loss.detach(), weight]
+        self.entries.append(entry)
+        return entry
+
+    def drop(self, entry: list[Any]) -> None:
+        """Forget one entry (a forward found not to be an evaluation: .firststep)."""
+        self.entries = [e for e in self.entries if e is not entry]
 
     def awaiting(self) -> bool:
         """The last evaluation forward gave no loss: a loss module may compute it next."""

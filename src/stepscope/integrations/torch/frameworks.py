@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import evals
-from . import evalloss
+from . import evalloss, firststep
 
 __all__ = ["patch_loaded"]
 
@@ -34,6 +34,7 @@ def _patch_hf(st: Any, mod: Any) -> None:
     def on_evaluate(self: Any, args: Any, state: Any, control: Any, metrics: Any,
                     **kwargs: Any) -> Any:
         try:
+            firststep.framework_ran(st)
             evalloss.reported(st, evals.hf_metrics(metrics), "Trainer on_evaluate")
         except Exception as exc:
             st.failed("Trainer on_evaluate hook", exc)
@@ -49,6 +50,7 @@ def _patch_lightning(st: Any, mod: Any) -> None:
     @functools.wraps(orig)
     def _on_evaluation_end(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
+            firststep.framework_ran(st)
             evalloss.reported(st, evals.lightning_metrics(self.trainer),
                               "Lightning evaluation loop")
         except Exception as exc:

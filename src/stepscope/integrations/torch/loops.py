@@ -3,7 +3,9 @@
 The zero-code state (:class:`.state.AutoState`, passed in as ``st``) calls these for:
 
 * evaluation between steps -- the outermost call of a no-grad / eval-mode forward of the
-  trained model, and ``torch.save`` -- booked apart from the next step (:mod:`.between`);
+  trained model, and ``torch.save`` -- booked apart from the next step (:mod:`.between`),
+  its losses kept (:mod:`.evalloss`); before the first training forward such forwards
+  are held until it tells evaluation from probes (:mod:`.firststep`);
 * closure optimizers (LBFGS, Lightning): the primary optimizer's closure is timed and its
   first evaluation gives the step's gradient norm (:mod:`.closure`);
 * update loops without torch.optim (pytorch/examples word_language_model:
@@ -21,7 +23,7 @@ import functools
 import math
 from typing import Any
 
-from . import between, closure, evalloss, frameworks
+from . import between, closure, evalloss, firststep, frameworks
 from .probes import batch_counts
 from .values import call_kwargs, grad_norm_tensor
 
@@ -72,9 +74,12 @@ def eval_mark(st: Any, module: Any, args: Any) -> int:
     try:
         if st.closure_groups is not None and not st.closure_done:
             return 0  # inside a closure's first evaluation
-        if between.is_eval_forward(module, st.train_params,
-                                   before_training=st.step_index == 0):
+        before = not st.train_params  # no training forward yet: held (.firststep)
+        if between.is_eval_forward(module, st.train_params, before_training=before):
             st.eval_open = True
+            st.eval_pre = before
+            st.eval_key = between.first_param_id(module)
+            st.eval_t0 = st.clock()
             frameworks.patch_loaded(st)
             tokens, samples = batch_counts(args)
             if math.isnan(tokens):
@@ -91,6 +96,10 @@ def eval_mark(st: Any, module: Any, args: Any) -> int:
 def eval_end(st: Any, output: Any) -> None:
     st.eval_open = False
     try:
+        if st.eval_pre:
+            entry = st.evals.add(evalloss.forward_loss(output), st.eval_weight)
+            firststep.hold(st, st.eval_key, st.eval_t0, st.clock(), entry)
+            return
         on_between(st, "eval")
         if not between.trained(st.cur):  # between steps: its loss is the evaluation's
             st.evals.add(evalloss.forward_loss(output), st.eval_weight)

@@ -29,7 +29,7 @@ from typing import Any
 from ...rank import resolve_rank
 from ...recorder import Recorder
 from ...session import StepSession
-from . import accum, between, ddp, evalloss, frameworks, layout, loops
+from . import accum, between, ddp, evalloss, firststep, frameworks, layout, loops
 from .marks import PhaseMarks
 from .probes import MemProbe, batch_counts
 from .settings import Settings
@@ -121,6 +121,12 @@ class AutoState:
         self.eval_weight = 1.0
         self.eval_events: list[dict[str, Any]] = []
         self.frameworks_patched: set[str] = set()
+        # no-grad forwards before the first training forward (.firststep)
+        self.pre_segments: list[firststep.Segment] = []
+        self.probes: tuple[int, float] = (0, 0.0)
+        self.eval_pre = False
+        self.eval_key: int | None = None
+        self.eval_t0 = 0.0
 
     def _phase_now(self) -> str:
         if self.in_backward:
@@ -198,6 +204,8 @@ class AutoState:
                 frameworks.patch_loaded(self)
         self.root = module if has_params else None
         if has_params:
+            if self.pre_segments:  # the trained model is known: were they evaluation?
+                firststep.resolve(self, between.first_param_id(module))
             evalloss.flush(self)  # training resumed: the evaluation before it is complete
             self.cur.fwd_calls += 1
             if self.closure_done:
