@@ -1,4 +1,4 @@
-"""HF Trainer and Lightning evaluations under ``stepscope run``: the framework's own metrics.
+"""What frameworks state themselves, under ``stepscope run``: evaluations, DeepSpeed's norm.
 
 Their evaluation losses are the framework's to state (Lightning computes ``val_loss`` in
 ``validation_step``, out of sight of module hooks; the Trainer averages its own way), so
@@ -11,6 +11,12 @@ never on the user's objects:
 * ``transformers.trainer_callback.CallbackHandler.on_evaluate`` (the Trainer's metrics);
 * ``lightning.pytorch`` / ``pytorch_lightning`` ``_EvaluationLoop._on_evaluation_end``
   (where ``on_validation_end`` callbacks run, before the loop resets its results).
+
+DeepSpeed ZeRO: the torch optimizer inside it holds this rank's flat partition, so the
+norm of its gradients is one rank's share. ZeRO computes the global pre-clip norm before
+it steps that optimizer (what ``engine.get_global_grad_norm()`` returns); its
+``_optimizer_step`` (stages 1/2 and 3) hands that value to the step, as a script's
+``clip_grad_norm_`` does.
 """
 
 from __future__ import annotations
@@ -60,10 +66,32 @@ def _patch_lightning(st: Any, mod: Any) -> None:
     cls._on_evaluation_end = _on_evaluation_end
 
 
+def _patch_zero(cls_name: str) -> Callable[[Any, Any], None]:
+    def patch(st: Any, mod: Any) -> None:
+        cls = getattr(mod, cls_name)
+        orig = cls._optimizer_step
+
+        @functools.wraps(orig)
+        def _optimizer_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                norm = getattr(self, "_global_grad_norm", None)
+                if norm is not None:
+                    st.clip_norm = norm
+            except Exception as exc:
+                st.failed("DeepSpeed ZeRO hook", exc)
+            return orig(self, *args, **kwargs)
+
+        cls._optimizer_step = _optimizer_step
+
+    return patch
+
+
 _TARGETS: dict[str, Callable[[Any, Any], None]] = {
     "transformers.trainer_callback": _patch_hf,
     "lightning.pytorch.loops.evaluation_loop": _patch_lightning,
     "pytorch_lightning.loops.evaluation_loop": _patch_lightning,
+    "deepspeed.runtime.zero.stage_1_and_2": _patch_zero("DeepSpeedZeroOptimizer"),
+    "deepspeed.runtime.zero.stage3": _patch_zero("DeepSpeedZeroOptimizer_Stage3"),
 }
 
 
