@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ __all__ = [
     "BASELINE_FIELDS",
     "ENVIRONMENT_FIELDS",
     "RunMeta",
+    "eval_record",
 ]
 
 AnyArray = npt.NDArray[Any]
@@ -359,3 +361,28 @@ class RunMeta:
         if "run_id" not in d:
             raise ValueError("run.json has no 'run_id'")
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def eval_record(step: int, metrics: Mapping[str, float],
+                tokens: float | None = None) -> dict[str, Any]:
+    """The event ``RunDir.append_event`` stores for one evaluation (validated).
+
+    Example::
+
+        run.append_event(eval_record(1000, {"val_loss": 2.31}))
+    """
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"eval step must be a non-negative integer, got {step!r}")
+    clean: dict[str, float] = {}
+    for name, value in metrics.items():
+        v = float(value)
+        if not name or not math.isfinite(v):
+            raise ValueError(f"eval metric {name!r}={value!r}: expected a name and a "
+                             "finite number")
+        clean[name] = v
+    if not clean:
+        raise ValueError("an eval record needs at least one metric")
+    rec: dict[str, Any] = {"type": "eval", "step": step, "metrics": clean}
+    if tokens is not None:
+        rec["tokens"] = float(tokens)
+    return rec

@@ -102,3 +102,66 @@ def subprocess_in(cwd, fn):
         return fn()
     finally:
         os.chdir(old)
+
+
+class _Probe(transformers.TrainerCallback):  # type: ignore[misc]
+    """Pickles and copies the model on every step (EMA copies, whole-model saves), counts
+    torch's global forward hooks, and can make train() raise after ``fail_at`` steps."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.fail_at = fail_at
+        self.hooks_seen: list[int] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        import copy
+        import io
+
+        torch.save(model, io.BytesIO())
+        copy.deepcopy(model)
+        self.hooks_seen.append(len(torch.nn.modules.module._global_forward_pre_hooks))
+        if self.fail_at is not None and state.global_step == self.fail_at:
+            raise RuntimeError("stop here")
+
+
+@pytest.mark.xdist_group("hf")
+def test_two_train_calls_one_run_hooks_once_and_removed(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128, n_positions=64,
+                     bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(cfg)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "hf-out"), per_device_train_batch_size=4,
+        per_device_eval_batch_size=4, gradient_accumulation_steps=2, max_steps=3,
+        logging_steps=1, eval_strategy="steps", eval_steps=3, report_to=[],
+        save_strategy="no", use_cpu=True, learning_rate=1e-3, seed=3, disable_tqdm=True,
+        dataloader_num_workers=0)
+    run_dir = tmp_path / "run"
+    cb = StepscopeCallback(run_dir)
+    hooks_before = len(torch.nn.modules.module._global_forward_pre_hooks)
+    clip_before = torch.nn.utils.clip_grad_norm_
+    failing, probe = _Probe(fail_at=2), _Probe()
+    # first train() raises after its second step: on_train_end never runs
+    with pytest.raises(RuntimeError, match="stop here"):
+        Trainer(model=model, args=args, train_dataset=_Tokens(), eval_dataset=_Tokens(),
+                callbacks=[cb, failing]).train()
+    trainer = Trainer(model=model, args=args, train_dataset=_Tokens(),
+                      eval_dataset=_Tokens(), callbacks=[cb, probe])
+    trainer.train()
+    evaluated = trainer.evaluate()
+
+    assert failing.hooks_seen == probe.hooks_seen[:2] == [hooks_before + 1] * 2
+    assert len(torch.nn.modules.module._global_forward_pre_hooks) == hooks_before
+    assert torch.nn.utils.clip_grad_norm_ is clip_before
+    table, _ = RunDir(run_dir).read_steps()
+    assert table["step"].tolist() == [0, 1, 2, 3, 4]  # 2 of the failed train(), then 3
+    assert table["tokens"].tolist() == [2 * 4 * 32.0] * 5  # each forward counted once
+    logs = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
+    assert np.allclose(table["loss"][2:], [h["loss"] for h in logs], rtol=1e-5)
+    # evaluations at the run's steps: after the 3rd step of the second train(), and after
+    evals = [(e["step"], e["metrics"]) for e in RunDir(run_dir).read_events("eval")[0]]
+    in_train = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+    assert evals == [(5, {"eval_loss": in_train[0]}),
+                     (5, {"eval_loss": evaluated["eval_loss"]})]
+    assert RunDir(run_dir).read_meta().status == "finished"

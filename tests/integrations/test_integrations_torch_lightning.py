@@ -86,3 +86,39 @@ def test_unmodified_lightning_under_stepscope_run(tmp_path):
     meta = RunDir(out).read_meta()
     assert meta.baseline["grad_accum"] == 2 and meta.baseline["seed"] == 5
     assert meta.config["instrumentation"] == "auto"
+
+
+class _ValLM(_TinyLM):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.cross_entropy(
+            self.net(x).reshape(-1, VOCAB), y.reshape(-1)))
+
+
+@pytest.mark.xdist_group("lightning")
+def test_two_fits_one_run_steps_numbered_on_val_loss_recorded(tmp_path):
+    pl.seed_everything(5, verbose=False)
+    data = torch.randint(0, VOCAB, (16, SEQ + 1))
+    ds = torch.utils.data.TensorDataset(data[:, :-1], data[:, 1:])
+    loader = torch.utils.data.DataLoader(ds, batch_size=4)
+    model = _ValLM()
+    run_dir = tmp_path / "run"
+    cb = StepscopeCallback(run_dir)
+    hooks_before = (len(torch.nn.modules.module._global_forward_pre_hooks),
+                    len(torch.nn.modules.module._global_forward_hooks))
+    val = []
+    for _ in range(2):
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[cb])
+        trainer.fit(model, loader, loader)
+        val.append(float(trainer.callback_metrics["val_loss"]))
+
+    table, _ = RunDir(run_dir).read_steps()
+    assert table["step"].tolist() == list(range(8))  # 4 per fit, numbered on
+    assert table["tokens"].tolist() == [4.0 * SEQ] * 8
+    assert np.allclose(table["loss"], model.losses, rtol=1e-6)
+    evals = [(e["step"], e["metrics"]) for e in RunDir(run_dir).read_events("eval")[0]]
+    assert evals == [(4, {"val_loss": val[0]}), (8, {"val_loss": val[1]})]  # no sanity
+    assert (len(torch.nn.modules.module._global_forward_pre_hooks),
+            len(torch.nn.modules.module._global_forward_hooks)) == hooks_before

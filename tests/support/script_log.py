@@ -65,6 +65,11 @@ class ScriptRun:
         b: dict[str, Any] = RunDir(self.out).read_meta().baseline
         return b
 
+    def evals(self) -> list[tuple[int, dict[str, float]]]:
+        """The run's eval events (compare's quality ledger reads them): (step, metrics)."""
+        events = RunDir(self.out).read_events("eval")[0]
+        return [(e["step"], e["metrics"]) for e in events]
+
     def findings(self, *severities: str) -> list[str]:
         """Messages of the report's findings with one of ``severities``."""
         return [f["message"] for f in self.report.get("findings", [])

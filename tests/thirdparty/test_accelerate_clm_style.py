@@ -71,3 +71,11 @@ def test_evaluation_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None
                if e["after_step"] < len(run.steps)}
     assert between
     assert_between_steps_apart(run, between, ("eval_s",))
+
+
+def test_eval_loss_is_the_scripts_eval_loss(run: ScriptRun) -> None:
+    # the script's torch.mean over float32 values vs a float64 mean of the same losses
+    evals = run.evals()
+    assert [s for s, _ in evals] == [e["after_step"] for e in run.own["eval"]]
+    for (_, metrics), e in zip(evals, run.own["eval"], strict=True):
+        assert math.isclose(metrics["eval_loss"], e["loss"], rel_tol=1e-6), (metrics, e)

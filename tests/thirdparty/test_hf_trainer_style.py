@@ -77,3 +77,11 @@ def test_callback_with_default_logging_agrees_with_zero_code(run: ScriptRun,
     assert table["grad_norm"].tolist() == run.column("grad_norm")
     for got, want in zip(table["loss"].tolist(), run.column("loss"), strict=True):
         assert math.isclose(got, want, rel_tol=1e-6), (got, want)
+    own = printed(proc.stdout)["eval"]
+    evals = [(e["step"], e["metrics"]) for e in RunDir(tmp_path / "cb").read_events("eval")[0]]
+    assert evals == [(e["after_step"], {"eval_loss": e["loss"]}) for e in own]
+
+
+def test_eval_loss_is_the_trainers_on_evaluate_metric(run: ScriptRun) -> None:
+    # recorded at the steps done before each evaluation (the Trainer's global_step)
+    assert run.evals() == [(e["after_step"], {"eval_loss": e["loss"]}) for e in run.own["eval"]]

@@ -42,3 +42,11 @@ def test_prediction_between_steps_is_recorded_apart(run: ScriptRun) -> None:
     between = {e["after_step"]: e["seconds"] for e in run.own["eval"]
                if e["after_step"] < len(run.steps)}
     assert_between_steps_apart(run, between, ("eval_s",))
+
+
+def test_test_loss_after_each_step_is_the_recorded_eval_loss(run: ScriptRun) -> None:
+    # criterion(pred, target) under no_grad right after the prediction: a loss module
+    evals = run.evals()
+    assert [s for s, _ in evals] == [e["after_step"] for e in run.own["eval"]]
+    for (_, metrics), e in zip(evals, run.own["eval"], strict=True):
+        assert metrics == {"eval_loss": e["loss"]}

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from stepscope.store import RunDir
 from support.script_log import (
     ScriptRun,
     assert_between_steps_apart,
@@ -68,3 +69,17 @@ def test_validation_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None
 
 def test_data_wait_is_recorded_from_lightnings_loader(run: ScriptRun) -> None:
     assert np.isfinite(run.table["data_wait_s"]).all()
+
+
+def test_val_loss_is_lightnings_and_the_sanity_check_is_not_recorded(run: ScriptRun) -> None:
+    own = [e for e in run.own["eval"] if not e["sanity"]]
+    assert len(own) == 3 and run.own["eval"][0]["sanity"]
+    assert run.evals() == [(e["after_step"], {"val_loss": e["loss"]}) for e in own]
+
+
+def test_the_sanity_check_before_training_is_evaluation_on_step_0(run: ScriptRun) -> None:
+    sanity = run.own["eval"][0]
+    assert sanity["sanity"] and sanity["after_step"] == 0
+    # Lightning's validation loop ran it: eval_s of the step it precedes, no probe
+    assert 0.8 * sanity["seconds"] < run.column("eval_s")[0] < 1.2 * sanity["seconds"] + 0.01
+    assert "before_training" not in RunDir(run.out).read_meta().config

@@ -59,3 +59,7 @@ def test_generate_time_is_recorded_apart_from_the_step(run: ScriptRun) -> None:
     between = {e["after_step"]: e["seconds"] for e in run.own["eval"]
                if e["after_step"] < len(run.steps)}
     assert_between_steps_apart(run, between, ("eval_s",))
+
+
+def test_generate_records_no_eval_loss(run: ScriptRun) -> None:
+    assert run.evals() == []  # generate()'s forwards have no targets, hence no loss

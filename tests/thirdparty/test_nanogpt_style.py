@@ -105,3 +105,14 @@ def test_unrecorded_convention_is_a_one_line_error(run: ScriptRun) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "recorded: 6n" in proc.stderr
+
+
+def test_eval_loss_is_the_mean_of_estimate_loss_forwards(run: ScriptRun) -> None:
+    # estimate_loss evaluates train and val with equal batches between two steps: the
+    # mean of its forwards' losses is the mean of the two (float32 sums in the script)
+    evals = run.evals()
+    assert [s for s, _ in evals] == [e["after_step"] for e in run.own["eval"]] == [0, 5, 10]
+    for (_, metrics), e in zip(evals, run.own["eval"], strict=True):
+        assert list(metrics) == ["eval_loss"]
+        assert math.isclose(metrics["eval_loss"], (e["train"] + e["loss"]) / 2,
+                            rel_tol=1e-6), (metrics, e)

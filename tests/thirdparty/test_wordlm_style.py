@@ -5,11 +5,15 @@ after each epoch, ``torch.save(model, f)``. Issue 13.
 
 from __future__ import annotations
 
+import json
+import math
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from support.script_log import ScriptRun, assert_between_steps_apart, run_under_stepscope
+from support.torch_run import BIN
 
 pytestmark = pytest.mark.xdist_group("torch_run")
 
@@ -74,3 +78,25 @@ def test_validation_time_is_recorded_apart_from_the_step(adamw: ScriptRun) -> No
     between = {e["after_step"]: e["seconds"] for e in adamw.own["eval"]
                if e["after_step"] < len(adamw.steps)}
     assert_between_steps_apart(adamw, between, ("eval_s",))
+
+
+def test_eval_loss_is_evaluates_sequence_weighted_mean(manual: ScriptRun,
+                                                      adamw: ScriptRun) -> None:
+    # evaluate() weighs criterion(output, targets) by len(data): the tokens of the forward
+    for run in (manual, adamw):
+        evals = run.evals()
+        assert [s for s, _ in evals] == [e["after_step"] for e in run.own["eval"]]
+        for (_, metrics), e in zip(evals, run.own["eval"], strict=True):
+            assert math.isclose(metrics["eval_loss"], e["loss"], rel_tol=1e-9), (metrics, e)
+
+
+def test_compare_quality_ledger_reads_the_recorded_eval_loss(manual: ScriptRun,
+                                                             adamw: ScriptRun) -> None:
+    proc = subprocess.run([str(BIN / "stepscope"), "compare", str(manual.out), str(adamw.out),
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.stdout, proc.stderr
+    metric = json.loads(proc.stdout)["quality"]["eval:eval_loss"]
+    last = manual.own["eval"][-1]["after_step"]
+    assert metric["at"] == {"step": last}
+    assert math.isclose(metric["a"], manual.own["eval"][-1]["loss"], rel_tol=1e-9)
+    assert math.isclose(metric["b"], adamw.own["eval"][-1]["loss"], rel_tol=1e-9)

@@ -26,20 +26,33 @@ What each column is made of (Trainer callbacks see events, not the loop):
   own from ``on_log`` when logged, else computed at ``on_pre_optimizer_step`` (after
   clipping); run.json ``config.grad_norm_source`` says which.
 
+Each evaluation's metrics (``on_evaluate``: ``eval_loss`` and ``compute_metrics``' results)
+become an eval event at the number of steps recorded before it, read by ``compare``'s
+quality ledger (:mod:`.evals`); ``trainer.evaluate()`` after training is recorded too.
+
+Nothing stays on the model: the forward hooks are torch's global module hooks, registered
+at ``on_train_begin`` and removed at ``on_train_end`` (or at the next ``train()`` when one
+raised), so ``torch.save(model)`` and ``copy.deepcopy(model)`` work while training. One
+instance used for several ``train()`` calls writes one run, its steps numbered on.
+
 Under ``stepscope run`` this callback does nothing (the zero-code hooks record already).
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 from transformers import TrainerCallback
 
 from ..session import StepSession
+from ..store import RunDir
+from . import evals
 from .torch import auto as torch_auto
 from .torch.callback import ClipNorms, Losses, default_run_dir, open_session, run_meta
 from .torch.probes import batch_counts, grad_norm
+from .torch.values import call_kwargs
 
 __all__ = ["StepscopeCallback"]
 
@@ -63,6 +76,8 @@ class StepscopeCallback(TrainerCallback):
         self._norm_source: str | None = None  # where grad_norm comes from (run.json)
         self._clips: ClipNorms | None = None
         self._sum_losses = False
+        self._run: RunDir | None = None  # the last session's run (evaluations after it)
+        self._steps = 0  # steps that session recorded
         self.disabled = torch_auto.active()
 
     # -- set-up / tear-down ------------------------------------------------------------
@@ -70,6 +85,10 @@ class StepscopeCallback(TrainerCallback):
                        optimizer: Any = None, **kwargs: Any) -> None:
         if self.disabled or model is None:
             return
+        # A train() that raised never reached on_train_end: end its session and hooks now,
+        # so that this one registers its hooks once and counts every forward once.
+        self._release("failed", "train() ended without on_train_end (an exception?)")
+        self._reset_step()
         ga = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
         world = int(getattr(args, "world_size", 1) or 1)
         micro = int(getattr(args, "per_device_train_batch_size", 0) or 0) or None
@@ -85,15 +104,17 @@ class StepscopeCallback(TrainerCallback):
             meta["name"] = self.name
         rank = int(getattr(args, "process_index", 0) or 0)
         self.pc = open_session(self.run_dir, meta, rank, getattr(args, "device", None),
-                               alerts=self.alerts)
+                               alerts=self.alerts, start_step=self._steps)
+        self._run = self.pc.rec.run
         self._optimizer = optimizer
-        self._handles = [
-            model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),
-            model.register_forward_hook(self._fwd_post),
-        ]
+        self._handles = _model_hooks(self, model)
         self._clips = ClipNorms()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._release("finished", None)
+
+    def _release(self, status: str, error: str | None) -> None:
+        """Remove the hooks, put clip_grad_norm_ back, close the session (idempotent)."""
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -101,10 +122,16 @@ class StepscopeCallback(TrainerCallback):
             self._clips.close()
             self._clips = None
         if self.pc is not None:
-            self.pc.close()
+            self._steps = self.pc.step
+            self.pc.close(status=status, error=error)
             self.pc = None
 
-    # -- model hooks -------------------------------------------------------------------
+    def _reset_step(self) -> None:
+        self.losses.take()
+        self._fwd_open = self._after_fwd = False
+        self._lr = self._norm = None
+
+    # -- model hooks (called by _model_hooks') -----------------------------------------
     def _fwd_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         pc = self.pc
         if pc is None or not module.training or not pc.in_step:
@@ -192,3 +219,47 @@ class StepscopeCallback(TrainerCallback):
             self._note_norm_source("Trainer logs")
         except Exception:
             pass
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None,
+                    **kwargs: Any) -> None:
+        run = self._run
+        if run is None or not getattr(state, "is_world_process_zero", True):
+            return
+        try:
+            step = self.pc.step if self.pc is not None else self._steps
+            event = evals.eval_event(step, evals.hf_metrics(metrics), "Trainer on_evaluate")
+            if event is not None:
+                run.append_event(event)
+        except Exception:  # measuring must never break training
+            pass
+
+
+def _model_hooks(cb: StepscopeCallback, model: Any) -> list[Any]:
+    """Forward hooks for ``model`` that leave nothing on it.
+
+    A hook registered on the model would be stored in its ``_forward_pre_hooks`` and so
+    pickled by ``torch.save(model)`` / ``copy.deepcopy(model)`` with the callback behind
+    it (which holds threads and files). torch's global module hooks live in torch
+    instead; these two answer for ``model``'s own calls only and hold it, and the
+    callback, weakly. Keyword inputs (``model(**batch)``) come from the call's frame.
+    """
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    me, target = weakref.ref(cb), weakref.ref(model)
+
+    def pre(module: Any, args: Any) -> None:
+        if module is target():
+            c = me()
+            if c is not None:
+                c._fwd_pre(module, args, call_kwargs())
+
+    def post(module: Any, args: Any, output: Any) -> None:
+        if module is target():
+            c = me()
+            if c is not None:
+                c._fwd_post(module, args, output)
+
+    return [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]

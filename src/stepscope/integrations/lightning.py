@@ -21,6 +21,13 @@ What each column is made of:
   ``accumulate_grad_batches``), summed; ``lr`` and ``grad_norm`` (before clipping, which
   Lightning applies after ``on_before_optimizer_step``) from the first optimizer.
 
+Each validation's own metrics (``val_loss`` ..., read at ``on_validation_end``; not the
+sanity check) become an eval event at the number of steps recorded before it, read by
+``compare``'s quality ledger (:mod:`.evals`); ``trainer.validate()`` after ``fit`` too.
+
+The callback registers nothing on the model or optimizer (Lightning calls it); one
+instance used for several ``fit`` calls writes one run, its steps numbered on.
+
 Under ``stepscope run`` this callback does nothing (the zero-code hooks record already).
 """
 
@@ -32,6 +39,8 @@ from typing import Any
 from lightning.pytorch import Callback
 
 from ..session import StepSession
+from ..store import RunDir
+from . import evals
 from .torch import auto as torch_auto
 from .torch.callback import Losses, default_run_dir, open_session, run_meta
 from .torch.probes import batch_counts, grad_norm
@@ -57,11 +66,19 @@ class StepscopeCallback(Callback):
         self._t_batch_end: float | None = None
         self._lr: float | None = None
         self._norm: float | None = None
+        self._run: RunDir | None = None  # the last session's run (validations after it)
+        self._steps = 0  # steps that session recorded
         self.disabled = torch_auto.active()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self.disabled:
             return
+        # One session per fit, numbered on from the previous fit's steps; nothing of a
+        # fit that ended without on_train_end / on_exception is carried over.
+        self._close("failed", "fit ended without on_train_end")
+        self.losses.take()
+        self._t_batch_end = None
+        self._lr = self._norm = None
         opt = trainer.optimizers[0] if trainer.optimizers else None
         seed = os.environ.get("PL_GLOBAL_SEED")
         meta = run_meta(pl_module, opt, "lightning.StepscopeCallback", {
@@ -74,7 +91,8 @@ class StepscopeCallback(Callback):
         if self.name:
             meta["name"] = self.name
         self.pc = open_session(self.run_dir, meta, int(trainer.global_rank), pl_module.device,
-                               alerts=self.alerts)
+                               alerts=self.alerts, start_step=self._steps)
+        self._run = self.pc.rec.run
         self._last_global_step = int(trainer.global_step)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
@@ -122,6 +140,19 @@ class StepscopeCallback(Callback):
         else:
             self._t_batch_end = pc.clock()
 
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        run = self._run
+        if run is None or int(getattr(trainer, "global_rank", 0)) != 0:
+            return
+        try:
+            step = self.pc.step if self.pc is not None else self._steps
+            event = evals.eval_event(step, evals.lightning_metrics(trainer),
+                                     "Lightning on_validation_end")
+            if event is not None:
+                run.append_event(event)
+        except Exception:  # measuring must never break training
+            pass
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._close("finished", None)
 
@@ -130,5 +161,6 @@ class StepscopeCallback(Callback):
 
     def _close(self, status: str, error: str | None) -> None:
         if self.pc is not None:
+            self._steps = self.pc.step
             self.pc.close(status=status, error=error)
             self.pc = None

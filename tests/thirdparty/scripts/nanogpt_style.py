@@ -11,7 +11,8 @@ position embedding).
 Its own numbers, one line each, ``SS <kind> key=value ...`` with ``repr`` floats:
 ``SS step`` after each optimizer step (loss = mean over the step's micro-batches, the
 pre-clip grad norm that clip_grad_norm_ returned, lr, perf_counter), ``SS eval`` and
-``SS checkpoint`` with their durations and the number of steps done before them,
+``SS checkpoint`` with their durations and the number of steps done before them (and
+the eval's val and train losses),
 ``SS mfu`` with the script's FLOPs per token, ``SS done``.
 """
 
@@ -162,7 +163,7 @@ while True:
         t = time.perf_counter()
         losses = estimate_loss()
         say("eval", after_step=steps_done, seconds=time.perf_counter() - t,
-            loss=losses["val"])
+            loss=losses["val"], train=losses["train"])
         if iter_num > 0:
             t = time.perf_counter()
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),

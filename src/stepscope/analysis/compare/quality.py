@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...schema import StepTable
+from ...schema import StepTable, eval_record
 
 __all__ = [
     "QualityMetric", "QualityLedger", "quality_ledger", "eval_record", "latest_evals",
@@ -85,31 +85,6 @@ class QualityLedger:
         out: dict[str, Any] = {k: m.to_dict() for k, m in self.metrics.items()}
         out.update(verdict=self.verdict, warnings=list(self.warnings))
         return out
-
-
-def eval_record(step: int, metrics: Mapping[str, float],
-                tokens: float | None = None) -> dict[str, Any]:
-    """The event ``RunDir.append_event`` stores for one evaluation (validated).
-
-    Example::
-
-        run.append_event(eval_record(1000, {"val_loss": 2.31}))
-    """
-    if not isinstance(step, int) or step < 0:
-        raise ValueError(f"eval step must be a non-negative integer, got {step!r}")
-    clean: dict[str, float] = {}
-    for name, value in metrics.items():
-        v = float(value)
-        if not name or not math.isfinite(v):
-            raise ValueError(f"eval metric {name!r}={value!r}: expected a name and a "
-                             "finite number")
-        clean[name] = v
-    if not clean:
-        raise ValueError("an eval record needs at least one metric")
-    rec: dict[str, Any] = {"type": "eval", "step": step, "metrics": clean}
-    if tokens is not None:
-        rec["tokens"] = float(tokens)
-    return rec
 
 
 def latest_evals(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:

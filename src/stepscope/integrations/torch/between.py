@@ -13,8 +13,9 @@ and the stall rule does not count it.
 What counts as evaluation: the outermost forward call, with autograd disabled or the module
 in eval mode, of a module sharing its first parameter with a module that was trained
 (a teacher or reference model of the step does not qualify, and once training work began,
-a no-grad forward belongs to the step); before the first training forward, any module in
-eval mode (Lightning's sanity check). A checkpoint: a ``torch.save`` call.
+a no-grad forward belongs to the step). Before the first training forward, the trained
+model is not known yet: such forwards are held and then told apart into evaluation,
+probes and step 0's own work (:mod:`.firststep`). A checkpoint: a ``torch.save`` call.
 """
 
 from __future__ import annotations
@@ -62,10 +63,9 @@ def first_param_id(module: Any) -> int | None:
 
 
 def is_eval_forward(module: Any, train_params: set[int], before_training: bool) -> bool:
-    """An outermost uncounted forward call of ``module`` is evaluation (module docstring)."""
+    """An outermost uncounted forward call of ``module`` is evaluation (module docstring);
+    before training, any module with parameters is a candidate (:mod:`.firststep`)."""
     key = first_param_id(module)
     if key is None:
         return False
-    if key in train_params:
-        return True
-    return before_training and not module.training
+    return key in train_params or before_training

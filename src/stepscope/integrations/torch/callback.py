@@ -59,11 +59,17 @@ def run_meta(model: Any, optimizer: Any, integration: str, extra_baseline: dict[
 
 
 def open_session(run_dir: str, run_meta: dict[str, Any], rank: int, device: Any,
-                 alerts: str | os.PathLike[str] | None = None) -> StepSession:
-    """The callback's recorder and session, with the device's memory probe."""
+                 alerts: str | os.PathLike[str] | None = None,
+                 start_step: int = 0) -> StepSession:
+    """The callback's recorder and session, with the device's memory probe.
+
+    ``start_step``: the steps this callback recorded in earlier fits into the same run, so
+    that a second ``fit``/``train`` call continues the step numbering.
+    """
     probe, mem_source = memory_probe(device)
     run_meta.setdefault("environment", {})["mem_source"] = mem_source
-    return StepSession(Recorder(run_dir, meta=run_meta, rank=rank, alerts=alerts),
+    return StepSession(Recorder(run_dir, meta=run_meta, rank=rank, alerts=alerts,
+                                start_step=start_step),
                        mem_probe=probe)
 
 

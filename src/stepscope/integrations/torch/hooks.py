@@ -113,13 +113,14 @@ def _module_hooks(st: AutoState) -> None:
     # together with global hooks; is_compiling() is True while it traces, so stepscope's
     # Python stays out of the traced code and only the outermost, uncompiled call (the
     # OptimizedModule) is timed. Stack entries: 1 a counted call (autograd on), 0 not
-    # counted, 2 the outermost call of an evaluation forward (see .between).
+    # counted, 2 the outermost call of an evaluation forward (see .between), 3 a loss module
+    # computing that evaluation's loss (see .evalloss).
     def pre(module: Any, args: Any) -> None:
         if compiling():
             return
         counted = not st.in_backward and grad_enabled()
         if not counted:
-            stack.append(loops.eval_mark(st, module))
+            stack.append(loops.eval_mark(st, module, args))
             return
         stack.append(1)
         if st.depth == 0:
@@ -136,7 +137,9 @@ def _module_hooks(st: AutoState) -> None:
         mark = stack.pop()
         if mark != 1:
             if mark == loops.EVAL_MARK:
-                loops.eval_end(st)
+                loops.eval_end(st, output)
+            elif mark == loops.LOSS_MARK:
+                loops.loss_end(st, output)
             return
         st.depth -= 1
         if st.depth == 0:

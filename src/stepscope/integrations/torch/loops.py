@@ -3,7 +3,9 @@
 The zero-code state (:class:`.state.AutoState`, passed in as ``st``) calls these for:
 
 * evaluation between steps -- the outermost call of a no-grad / eval-mode forward of the
-  trained model, and ``torch.save`` -- booked apart from the next step (:mod:`.between`);
+  trained model, and ``torch.save`` -- booked apart from the next step (:mod:`.between`),
+  its losses kept (:mod:`.evalloss`); before the first training forward such forwards
+  are held until it tells evaluation from probes (:mod:`.firststep`);
 * closure optimizers (LBFGS, Lightning): the primary optimizer's closure is timed and its
   first evaluation gives the step's gradient norm (:mod:`.closure`);
 * update loops without torch.optim (pytorch/examples word_language_model:
@@ -18,14 +20,19 @@ training goes on.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
-from . import between, closure
-from .values import grad_norm_tensor
+from . import between, closure, evalloss, firststep, frameworks
+from .probes import batch_counts
+from .values import call_kwargs, grad_norm_tensor
 
-__all__ = ["install", "eval_mark", "eval_end", "wrap_closure", "manual_boundary"]
+__all__ = ["install", "eval_mark", "eval_end", "loss_end", "wrap_closure", "manual_boundary"]
 
-EVAL_MARK = 2  # the stack entry of an evaluation forward's outermost call (see .hooks)
+# Stack entries (see .hooks): the outermost call of an evaluation forward, and a loss
+# module called with autograd off right after one (its loss: .evalloss).
+EVAL_MARK = 2
+LOSS_MARK = 3
 
 
 def install(st: Any) -> None:
@@ -59,28 +66,53 @@ def install(st: Any) -> None:
     torch.nn.Module.zero_grad = zero_grad
 
 
-def eval_mark(st: Any, module: Any) -> int:
-    """:data:`EVAL_MARK` when this uncounted module call starts an evaluation, else 0."""
+def eval_mark(st: Any, module: Any, args: Any) -> int:
+    """:data:`EVAL_MARK` when this uncounted module call starts an evaluation,
+    :data:`LOSS_MARK` when it is a loss module computing the last one's loss, else 0."""
     if st.depth or st.eval_open or st.in_backward:
         return 0
     try:
         if st.closure_groups is not None and not st.closure_done:
             return 0  # inside a closure's first evaluation
-        if between.is_eval_forward(module, st.train_params,
-                                   before_training=st.step_index == 0):
+        before = not st.train_params  # no training forward yet: held (.firststep)
+        if between.is_eval_forward(module, st.train_params, before_training=before):
             st.eval_open = True
+            st.eval_pre = before
+            st.eval_key = between.first_param_id(module)
+            st.eval_t0 = st.clock()
+            frameworks.patch_loaded(st)
+            tokens, samples = batch_counts(args)
+            if math.isnan(tokens):
+                tokens, samples = batch_counts(call_kwargs())  # model(**batch)
+            st.eval_weight = evalloss.weight_of(tokens, samples)
             return EVAL_MARK
+        if st.evals.awaiting() and evalloss.is_loss_module(module, st.torch):
+            return LOSS_MARK
     except Exception as exc:
         st.failed("evaluation hook", exc)
     return 0
 
 
-def eval_end(st: Any) -> None:
+def eval_end(st: Any, output: Any) -> None:
     st.eval_open = False
     try:
+        if st.eval_pre:
+            entry = st.evals.add(evalloss.forward_loss(output), st.eval_weight)
+            firststep.hold(st, st.eval_key, st.eval_t0, st.clock(), entry)
+            return
         on_between(st, "eval")
+        if not between.trained(st.cur):  # between steps: its loss is the evaluation's
+            st.evals.add(evalloss.forward_loss(output), st.eval_weight)
     except Exception as exc:
         st.failed("evaluation hook", exc)
+
+
+def loss_end(st: Any, output: Any) -> None:
+    """A loss module ran on the last evaluation forward's output: that forward's loss."""
+    try:
+        st.evals.set_last(output)
+    except Exception as exc:
+        st.failed("evaluation loss hook", exc)
 
 
 def on_between(st: Any, kind: str) -> None:

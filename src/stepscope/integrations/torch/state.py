@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import time
 import warnings
@@ -30,12 +29,13 @@ from typing import Any
 from ...rank import resolve_rank
 from ...recorder import Recorder
 from ...session import StepSession
-from . import accum, between, ddp, flopcount, layout, loops
+from . import accum, between, ddp, evalloss, firststep, flopcount, frameworks, layout, loops
 from .marks import PhaseMarks
 from .probes import MemProbe, batch_counts
 from .settings import Settings
 from .values import (
     StepData,
+    call_kwargs,
     dist_rank,
     emit,
     grad_norm_tensor,
@@ -117,6 +117,17 @@ class AutoState:
         self.seq_first: str | None = None
         self.ddp_hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self.manual_steps = False  # boundaries at Module.zero_grad (no torch.optim seen)
+        # evaluation losses between steps (.evalloss) and the frameworks' own (.frameworks)
+        self.evals = evalloss.EvalLosses()
+        self.eval_weight = 1.0
+        self.eval_events: list[dict[str, Any]] = []
+        self.frameworks_patched: set[str] = set()
+        # no-grad forwards before the first training forward (.firststep)
+        self.pre_segments: list[firststep.Segment] = []
+        self.probes: tuple[int, float] = (0, 0.0)
+        self.eval_pre = False
+        self.eval_key: int | None = None
+        self.eval_t0 = 0.0
 
     def _phase_now(self) -> str:
         if self.in_backward:
@@ -192,10 +203,13 @@ class AutoState:
                 self.on_model(self, module)
                 self._note_layout(module)
                 if self.flop_call is None:  # shapes only: the count runs after step 1
-                    self.flop_call = flopcount.capture_call(module, args,
-                                                            _first_call_kwargs())
+                    self.flop_call = flopcount.capture_call(module, args, call_kwargs())
+                frameworks.patch_loaded(self)
         self.root = module if has_params else None
         if has_params:
+            if self.pre_segments:  # the trained model is known: were they evaluation?
+                firststep.resolve(self, between.first_param_id(module))
+            evalloss.flush(self)  # training resumed: the evaluation before it is complete
             self.cur.fwd_calls += 1
             if self.closure_done:
                 return  # a closure's re-evaluation (LBFGS): the batch is counted once
@@ -204,7 +218,7 @@ class AutoState:
                 # Global pre-hooks see positional arguments only; models called with
                 # keywords (Hugging Face: model(**batch)) are read from the caller's
                 # frame: no hook on the user's module (torch.save(model) must work).
-                self._count_inputs(_first_call_kwargs())
+                self._count_inputs(call_kwargs())
 
     def _note_layout(self, module: Any) -> None:
         """Once per model: it is trained (its evaluation is recognised), its layout."""
@@ -261,6 +275,7 @@ class AutoState:
     def before_backward(self, tensor: Any) -> None:
         """Read the loss's accumulation divisor while its graph is alive (:mod:`.accum`)."""
         self.divisor = None
+        evalloss.flush(self)
         if tensor is not None and tensor.numel() == 1 and not self.closure_done:
             src = self.scaled.get(id(tensor))
             self.divisor = accum.divisor(src if src is not None else tensor)
@@ -386,26 +401,13 @@ class AutoState:
             loops.manual_boundary(self)  # a manual loop's last update: no zero_grad after
         self.before_close(self)  # e.g. stop a profiler still running
         self.flush(block=True)
+        try:
+            evalloss.flush(self)  # an evaluation after the last step
+        except Exception as exc:
+            self.failed("evaluation record", exc)
         rec = self.rec
         if rec is None:
             return
         self.at_close(self, status, error)
         rec.close(status=status, error=error)
 
-
-def _first_call_kwargs() -> dict[str, Any]:
-    """Keyword arguments of the module call now in progress, read from its frame.
-
-    Used once per model, for the one call that happens before the per-module kwargs hook
-    exists: the caller chain is Module._call_impl -> global pre-hook -> on_forward_root.
-    Anything unexpected gives {} (the step then counts tokens from the DataLoader).
-    """
-    frame = sys._getframe(1)
-    for _ in range(6):
-        frame = frame.f_back  # type: ignore[assignment]
-        if frame is None:
-            return {}
-        if frame.f_code.co_name == "_call_impl":
-            kwargs = frame.f_locals.get("kwargs")
-            return kwargs if isinstance(kwargs, dict) else {}
-    return {}

@@ -9,6 +9,7 @@ batch's shape for run.json. :func:`emit` turns one finished step into a recorder
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,3 +188,22 @@ def step_values(d: StepData, comm: ddp.CommStep, tokens: float, samples: float
         values[col] = 0.0
     values.update(d.extra)
     return values
+
+
+def call_kwargs() -> dict[str, Any]:
+    """Keyword arguments of the module call now in progress, read from its frame.
+
+    Global module hooks see positional arguments only; a model called with keywords
+    (Hugging Face: ``model(**batch)``) is read from ``Module._call_impl``'s frame, a few
+    frames above the hook that calls this. Anything unexpected gives {} (the step then
+    counts tokens from the DataLoader).
+    """
+    frame = sys._getframe(1)
+    for _ in range(6):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return {}
+        if frame.f_code.co_name == "_call_impl":
+            kwargs = frame.f_locals.get("kwargs")
+            return kwargs if isinstance(kwargs, dict) else {}
+    return {}
