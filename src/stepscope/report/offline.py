@@ -47,6 +47,8 @@ def render_offline(run: dict[str, Any], series: dict[str, Any]) -> str:
     page = page.replace('<link rel="stylesheet" href="/assets/dashboard.css">', "")
     page = page.replace('<script src="/assets/uPlot.iife.min.js"></script>',
                         _inline_script(_asset("uPlot.iife.min.js")))
+    page = page.replace('<script src="/assets/charts.js"></script>',
+                        _inline_script(_asset("charts.js")))
     page = page.replace('<script src="/assets/dashboard.js"></script>',
                         _inline_script(f"window.STEPSCOPE_DATA = {data};")
                         + _inline_script(_asset("dashboard.js")))

@@ -40,6 +40,7 @@ __all__ = ["make_server", "DashboardServer", "ASSETS"]
 ASSETS = {
     "dashboard.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
+    "charts.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
     "uPlot.iife.min.js": "text/javascript; charset=utf-8",
     "uPlot.min.css": "text/css; charset=utf-8",
