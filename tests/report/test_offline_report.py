@@ -10,11 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from stepscope import RunDir, summarize
 from stepscope.report.offline import OFFLINE_CSP, render_offline
 from stepscope.report.serve_data import run_doc, series_doc
+from support.browser import embedded, offline_page, report_of
+from support.rundirs import run_from_columns
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -74,3 +77,37 @@ def test_report_opened_from_disk_draws_every_chart_and_loads_nothing(tmp_path: P
         assert errors == []
         assert requests == [path.as_uri()]
         browser.close()
+
+
+def _two_regimes(path: Path) -> Path:
+    """Steps 0-69 at 3 s with 0.6 CPU-s per wall-s and 200 preemptions/s (a busy host),
+    steps 70-149 at 0.5 s on a quiet one: analysis/regimes calls the first contention."""
+    st = np.r_[np.full(70, 3.0), np.full(80, 0.5)] * np.tile([0.98, 1.02], 75)
+    cols = {"rank": np.zeros(150, dtype=int), "step": np.arange(150), "step_time_s": st,
+            "tokens": np.full(150, 1000.0),
+            "cpu_s": st * np.r_[np.full(70, 0.6), np.full(80, 1.0)],
+            "preempt": st * np.r_[np.full(70, 200.0), np.full(80, 10.0)],
+            "wall_time_s": 1000.0 + np.cumsum(st)}
+    return run_from_columns(path, cols).path
+
+
+def test_report_shows_the_regimes_conditions_and_what_was_skipped(tmp_path: Path) -> None:
+    report = report_of(_two_regimes(tmp_path / "regimes"))
+    doc = embedded(report)["run"]
+    rows = doc["text"]["regime_rows"]
+    # (the first slow steps are warm-up, outside every regime)
+    assert [r[0].split("-")[-1] for r in rows] == ["69", "149"] and rows[1][0][0] == "*"
+    assert rows[0][-1].startswith("contention")
+    with offline_page(report, "report-regimes") as page:
+        shown = page.eval_on_selector_all(
+            "#regimes tr", "trs => trs.map(tr => [...tr.cells].map(c => c.textContent))")
+        assert shown == [doc["text"]["regime_header"], *rows]
+        assert "contention" in page.inner_text("#regime-legend")
+        assert page.inner_text("#conditions").startswith("conditions: ")
+
+    shutil.copytree(DATA / "run-torn-last-line", tmp_path / "torn")
+    torn = report_of(tmp_path / "torn")
+    read = embedded(torn)["run"]["read"]
+    assert read["torn_tail"] == 1 or read["skipped"] >= 1
+    with offline_page(torn) as page:
+        assert "skipped" in page.inner_text("#read-warning")

@@ -35,7 +35,9 @@ from ..analysis.summary import Sheet, summarize
 from ..errors import RunDirError, StepscopeError
 from ..index import INDEX_FILE, build_index, query_index
 from ..schema import AnyArray, RunMeta, StepTable
-from ..store import RunDir
+from ..store import ReadStats, RunDir
+from .fleet import fleet_matrix, slowest_ranks
+from .regimes_view import sheet_text
 
 __all__ = ["Dashboard", "NotFound", "series_doc", "run_doc", "latest_profile"]
 
@@ -56,6 +58,7 @@ class _Loaded:
     sheet: Sheet
     problems: list[str]
     skipped: int
+    read: ReadStats
     findings: list[Finding] | None = None  # diagnosed on first request (the slow part)
 
 
@@ -143,7 +146,7 @@ class Dashboard:
         table, stats = run.read_steps()
         sheet = summarize(table, meta, skipped_records=stats.skipped,
                           conditions=run.read_conditions())
-        loaded = _Loaded(sig, meta, table, sheet, list(stats.problems), stats.skipped)
+        loaded = _Loaded(sig, meta, table, sheet, list(stats.problems), stats.skipped, stats)
         with self._lock:
             self._cache[rel] = loaded
             while len(self._cache) > _CACHE_RUNS:
@@ -157,7 +160,7 @@ class Dashboard:
         run = RunDir.open(self._path_of(rel))
         findings = self._findings(rel, loaded, run) if with_findings else []
         return run_doc(rel, run, loaded.table, loaded.meta, loaded.sheet, loaded.problems,
-                       findings)
+                       findings, loaded.read)
 
     def findings(self, rel: str) -> dict[str, Any]:
         """diagnose's findings of one run (cached with the loaded run)."""
@@ -195,9 +198,10 @@ class Dashboard:
 
 
 def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet,
-            problems: Sequence[str], findings: Sequence[Finding] | None = None
-            ) -> dict[str, Any]:
-    """The run page's document: sheet, findings, shown events, identity, latest profile."""
+            problems: Sequence[str], findings: Sequence[Finding] | None = None,
+            read: ReadStats | None = None) -> dict[str, Any]:
+    """The run page's document: sheet, findings, shown events, identity, latest profile,
+    the sheet's text as the terminal shows it, and what the reader skipped (``read``)."""
     events, _ = run.read_events()
     shown = [e for e in events if e.get("type") in _SHOWN_EVENTS]
     if findings is None:
@@ -205,7 +209,9 @@ def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet
                              conditions=run.read_conditions()).findings if len(table) else [])
     return {"path": rel, "meta": meta.to_dict(), "sheet": sheet.to_dict(),
             "findings": [f.to_dict() for f in findings], "events": shown[-200:],
-            "read_problems": list(problems), "profile": latest_profile(run)}
+            "read_problems": list(problems), "profile": latest_profile(run),
+            "text": sheet_text(sheet),
+            "read": {**read.to_dict(), "summary": read.summary()} if read else None}
 
 
 def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_points: int = 2000,
@@ -225,6 +231,7 @@ def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_poin
         out[tag] = {"steps": s.tolist(), "lo": _floats(lo), "hi": _floats(hi)}
     return {"path": rel, "series": out, "x": _x_axes(table, series),
             "phases": _phases(table), "heatmap": _heatmap(table, heat_cols),
+            "fleet": _fleet(table, heat_cols),
             "warmup_steps": sheet.warmup_steps, "status": meta.status,
             "window": list(steps) if steps else None}
 
@@ -251,6 +258,25 @@ def _heatmap(table: StepTable, cols: int) -> dict[str, Any]:
     return {"column": grid.column, "ranks": grid.ranks, "steps": grid.bin_start_steps,
             "median": None if math.isnan(grid.median) else grid.median,
             "values": [_floats(row) for row in grid.values]}
+
+
+# Ranks named as the slowest beside the fleet chart.
+_SLOWEST_NAMED = 5
+
+
+def _fleet(table: StepTable, cols: int) -> dict[str, Any] | None:
+    """Step time across ranks per step bin: min, 10%, median, 90%, max over the ranks' bin
+    means, and the slowest ranks (their median over the fleet's); None for one rank."""
+    if not len(table) or np.unique(table["rank"]).size < 2 \
+            or not table.has_data("step_time_s"):
+        return None
+    m = fleet_matrix(table, "step_time_s", max_bins=cols)
+    q = m.quantiles((0.0, 10.0, 50.0, 90.0, 100.0))
+    out: dict[str, Any] = {"ranks": int(m.ranks.size), "steps": m.steps.tolist()}
+    for name, row in zip(("min", "p10", "median", "p90", "max"), q, strict=True):
+        out[name] = _floats(row)
+    out["slowest"] = [[r, x] for r, x in slowest_ranks(m, _SLOWEST_NAMED)]
+    return out
 
 
 def latest_profile(run: RunDir) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
 function num(v, digits = 3) {
   if (v === null || v === undefined || !isFinite(v)) return "–";
   const a = Math.abs(v);
+  if (Number.isInteger(v) && a < 1000) return String(v);  // counts: 150, not 150.0
   if (a >= 1000) return Math.round(v).toLocaleString("en-US");
   if (a >= 100) return v.toFixed(1);
   if (a === 0) return "0";
@@ -90,7 +91,8 @@ function lineChart(el, title, lines, opts) {
     const hasBand = l.lo && l.lo.some((v, i) => v !== l.hi[i]);
     if (hasBand) {
       data.push(f(lo));
-      series.push({ label: `${l.label} (bin min)`, stroke: col + "55", width: 1, value: (u, v) => fmt(v) + unit });
+      series.push({ label: l.loLabel || `${l.label} (bin min)`, stroke: col + "55", width: 1,
+                    value: (u, v) => fmt(v) + unit });
       bands.push({ series: [data.length, data.length - 1], fill: col + "22" });
     }
     data.push(f(raw));

@@ -1,8 +1,9 @@
 /* stepscope dashboard: runs table, run page, A/B page. Plain JS + uPlot (vendored). */
 "use strict";
 
-/* Offline report: the documents are embedded (window.STEPSCOPE_DATA) and there is no server. */
-const OFFLINE = window.STEPSCOPE_DATA || null;
+/* Offline report: the documents are embedded (a JSON element) and there is no server. */
+const OFFLINE = (() => { const el = document.getElementById("stepscope-data");
+  return el ? JSON.parse(el.textContent) : null; })();
 const TOKEN = new URLSearchParams(location.search).get("token");
 const api = async (path, params = {}) => {
   if (OFFLINE) {
@@ -105,8 +106,10 @@ async function loadRuns() {
 /* ================================ run page ================================ */
 const runState = { axis: "step", smooth: 0 };
 
-function sheetCards(sheet, meta) {
-  const kv = (rows) => `<div class="kv">${rows.map(([k, v]) => `<span>${k}</span><span class="v">${v}</span>`).join("")}</div>`;
+function sheetCards(sheet, meta, text = {}) {
+  /* rows: [label, value] or [label, value, key]; a key names the value for readers (tests) */
+  const kv = (rows) => `<div class="kv">${rows.map(([k, v, key]) =>
+    `<span>${k}</span><span class="v"${key ? ` data-k="${key}"` : ""}>${v}</span>`).join("")}</div>`;
   const phases = Object.entries(sheet.phase_frac || {}).map(([k, v]) => `${esc(k)} ${pct(v)}`).join(" · ");
   return `<div class="cards">
     <div class="card"><h3>Result</h3>${kv([
@@ -114,15 +117,18 @@ function sheetCards(sheet, meta) {
       ["loss min", num(sheet.loss_min, 4)], ["perplexity", num(sheet.perplexity)],
       ["accuracy (last)", pct(sheet.accuracy_last)]])}</div>
     <div class="card"><h3>Efficiency</h3>${kv([
-      ["tokens/s", num(sheet.tokens_per_s)], ["samples/s", num(sheet.samples_per_s)],
+      ["tokens/s", esc(text.tokens_per_s ?? num(sheet.tokens_per_s)), "tokens_per_s"],
+      ["samples/s", num(sheet.samples_per_s)],
       ["step time (median / p90)", `${secs(sheet.step_time_s)} / ${secs(sheet.step_time_p90_s)}`],
-      ["MFU / HFU", `${pct(sheet.mfu)} / ${pct(sheet.hfu)}`]])}
+      ["MFU", esc(text.mfu ?? pct(sheet.mfu)), "mfu"], ["HFU", pct(sheet.hfu), "hfu"]])}
+      <div class="muted">${esc(text.headline_note || "steady state")}, all ranks</div>
       <div class="muted">${esc(sheet.mfu_note)}</div></div>
     <div class="card"><h3>System</h3>${kv([
       ["memory peak", gib(sheet.mem_peak_bytes)], ["data wait", pct(sheet.data_wait_frac)],
       ["communication (exposed)", `${pct(sheet.comm_frac)} (${pct(sheet.comm_exposed_frac)})`],
       ["steps / ranks / warm-up", `${num(sheet.steps)} / ${num(sheet.ranks)} / ${num(sheet.warmup_steps)}`]])}
       <div class="muted">${esc(sheet.mem_source)}</div>
+      <div id="conditions">conditions: ${esc(text.conditions || "not recorded")}</div>
       <div>${phases}</div><div class="muted">${esc(sheet.phase_source)}</div></div>
   </div>` + ((sheet.notes || []).length ? `<ul>${sheet.notes.map((n) => `<li>${esc(n)}</li>`).join("")}</ul>` : "");
 }
@@ -136,9 +142,10 @@ function findingsList(findings) {
     ${f.recommendation ? `<div class="muted">next: ${esc(f.recommendation)}</div>` : ""}</li>`).join("")}</ul>`;
 }
 
-function perRankTable(perRank) {
-  if (!perRank || perRank.length < 2) return '<p class="muted">One rank.</p>';
-  return `<table><tr><th>rank</th><th class="num">step time</th><th class="num">tokens/s</th>
+function perRankTable(ranks) {
+  if (!ranks || ranks.length < 2) return '<p class="muted">One rank.</p>';
+  const perRank = [...ranks].sort((a, b) => (b.step_time_s ?? -Infinity) - (a.step_time_s ?? -Infinity));
+  return `<table id="per-rank"><tr><th>rank</th><th class="num">step time</th><th class="num">tokens/s</th>
     <th class="num">data wait</th><th class="num">comm</th><th class="num">compute</th></tr>` + perRank.slice(0, 16).map((r) =>
     `<tr><td>${esc(r.rank)}</td><td class="num">${secs(r.step_time_s)}</td><td class="num">${num(r.tokens_per_s)}</td>
      <td class="num">${pct(r.data_wait_frac)}</td><td class="num">${pct(r.comm_frac)}</td>
@@ -146,10 +153,12 @@ function perRankTable(perRank) {
     (perRank.length > 16 ? `<tr><td colspan="6" class="muted">… ${perRank.length - 16} more ranks: see the heatmap</td></tr>` : "") + "</table>";
 }
 
-function profileBlock(p) {
+function profileBlock(p, events = []) {
   if (!p) return '<p class="muted">No profile captured (<code>stepscope run --profile-steps a:b</code>).</p>';
   const rep = p.report;
   if (!rep) return `<p>${esc(p.profile_dir)}: ${esc(p.status)}</p>`;
+  const ev = events.filter((e) => e.type === "profile" && String(e.dir || "").endsWith(p.profile_dir)).pop();
+  const window = ev && ev.steps ? `steps ${esc(ev.steps)} (both ends included), ` : "";
   const ranks = Object.entries(rep.ranks || {}).map(([r, d]) => `<tr><td>${esc(r)}</td>
     <td class="num">${num(d.compute_pct)}%</td><td class="num">${num(d.idle_pct)}%</td>
     <td class="num">${num(d.comm_comp_overlap_pct)}%</td><td class="num">${num((d.step_time_median_us || 0) / 1000)} ms</td>
@@ -157,7 +166,7 @@ function profileBlock(p) {
   const ops = (rep.top_ops || []).slice(0, 15).map((o) => `<tr><td title="${esc(o.name)}">${esc(o.name)}</td>
     <td>${esc(o.kind)}</td><td class="num">${num(o.count)}</td><td class="num">${num(o.total_us / 1000)} ms</td>
     <td class="num">${num(o.share_pct)}%</td></tr>`).join("");
-  return `<p class="muted">${esc(p.profile_dir)} (${esc(p.status)})</p>
+  return `<p class="muted" id="profile-window">capture ${esc(p.profile_dir)}: ${window}mean per profiled step (${esc(p.status)})</p>
     <table><tr><th>rank</th><th class="num">compute</th><th class="num">idle</th><th class="num">overlap</th>
     <th class="num">step (median)</th><th>phases (mean)</th></tr>${ranks}</table>
     <h3 style="margin-top:10px">Top ops</h3>
@@ -194,6 +203,15 @@ function drawRunCharts(doc, ser, onZoom = null) {
     lineChart(el, title, lines, { axis: runState.axis, x: ser.x, smooth: runState.smooth,
       marks, warmup: ser.warmup_steps, onZoom: runState.axis === "step" ? onZoom : null, ...o });
   }
+  const fl = ser.fleet;
+  if (fl) {  // a fleet: median over ranks, 10-90% and min-max bands of each step bin's means
+    lineChart(el, `Step time across ${fl.ranks} ranks`, [
+      { label: "slowest rank", loLabel: "fastest rank", steps: fl.steps, lo: fl.min, hi: fl.max },
+      { label: "90% of ranks", loLabel: "10% of ranks", steps: fl.steps, lo: fl.p10, hi: fl.p90 },
+      { label: `median of ${fl.ranks} ranks`, steps: fl.steps, hi: fl.median }],
+      { axis: runState.axis, x: ser.x, smooth: 0, marks, warmup: ser.warmup_steps, unit: " s",
+        fromZero: true, yLabel: "seconds", onZoom: runState.axis === "step" ? onZoom : null });
+  }
   const ph = ser.phases;
   if (ph.steps.length) {
     const names = Object.keys(ph.cols);
@@ -220,7 +238,9 @@ async function showRun(path) {
     <div class="muted">${esc(path)} · created ${esc(m.created_utc)} · run ${esc(m.run_id)}</div>
     ${m.error ? `<p class="err">${esc(m.error)}</p>` : ""}
     ${m.command ? `<pre>${esc(m.command.join(" "))}</pre>` : ""}
-    ${sheetCards(doc.sheet, m)}
+    ${readBlock(doc)}
+    ${sheetCards(doc.sheet, m, doc.text)}
+    ${regimesBlock(doc)}
     <h2>Findings</h2><div id="findings"><p class="muted">Diagnosing…</p></div>
     <h2>Charts</h2>
     <div class="controls">x axis:
@@ -231,11 +251,12 @@ async function showRun(path) {
       <span class="muted">drag across a chart to zoom (the window is fetched at full resolution),
       double-click to reset; warm-up is shaded, findings and alerts are dashed lines</span></div>
     <div id="charts" class="charts"></div>
-    <h2>Ranks</h2>
+    ${isolationBlock(doc.events)}
+    <h2>Ranks</h2>${fleetLine(ser.fleet)}
     <div class="fleet"><div><canvas id="heat" class="heat"></canvas>
       <div class="legend-scale">0.5x <i></i> 2x of the median step time (rank × step)</div></div>
       <div><h3>Slowest ranks first</h3>${perRankTable(doc.sheet.per_rank)}</div></div>
-    <h2>Profile</h2>${profileBlock(doc.profile)}
+    <h2>Latest profile</h2><div id="profile">${profileBlock(doc.profile, doc.events)}</div>
     <h2>Run</h2>
     <details open><summary>Baseline</summary>${kvTable(m.baseline)}</details>
     <details><summary>Environment</summary>${kvTable(m.environment)}</details>
