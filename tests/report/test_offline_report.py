@@ -36,7 +36,9 @@ def _report(run_path: Path, out: Path) -> Path:
 
 
 def test_report_is_one_file_with_a_csp_and_no_outside_reference(tmp_path: Path) -> None:
-    html = _report(DATA / "run-ddp-two-ranks", tmp_path / "r.html").read_text()
+    run = tmp_path / "run-ddp-two-ranks"  # a copy: the reader writes its cache beside it
+    shutil.copytree(DATA / "run-ddp-two-ranks", run)
+    html = _report(run, tmp_path / "r.html").read_text()
     assert OFFLINE_CSP in html
     assert 'src="/' not in html and 'href="/' not in html  # nothing left to fetch
 
@@ -104,6 +106,22 @@ def test_report_shows_the_regimes_conditions_and_what_was_skipped(tmp_path: Path
         assert shown == [doc["text"]["regime_header"], *rows]
         assert "contention" in page.inner_text("#regime-legend")
         assert page.inner_text("#conditions").startswith("conditions: ")
+        # The contention regime is shaded on the step-time chart, with its cause on hover.
+        titles = page.eval_on_selector_all(".chart .title", "e => e.map(x => x.textContent)")
+        i = titles.index("Step time (slowest rank)")
+        rgba = f"""(s) => {{ const u = charts[{i}];
+            const x = u.valToPos(s, "x", true), y = u.valToPos(0.25, "y", true);
+            return [...u.ctx.getImageData(Math.round(x), Math.round(y), 1, 1).data]; }}"""
+        busy, quiet = page.evaluate(f"({rgba})(50)"), page.evaluate(f"({rgba})(110)")
+        assert busy[0] > busy[2] + 10 and abs(quiet[0] - quiet[2]) < 10, (busy, quiet)
+        over = page.locator(".chart").nth(i).locator(".u-over")
+        over.scroll_into_view_if_needed()
+        box = over.bounding_box()
+        x = page.evaluate(f"charts[{i}].valToPos(50, 'x')")
+        page.mouse.move(box["x"] + x, box["y"] + box["height"] / 2)
+        page.mouse.move(box["x"] + x + 1, box["y"] + box["height"] / 2)
+        hover = page.locator(".chart").nth(i).locator(".regime-at").inner_text()
+        assert hover.startswith(f"{rows[0][0]}: contention (steps 6.0x as long"), hover
 
     shutil.copytree(DATA / "run-torn-last-line", tmp_path / "torn")
     torn = report_of(tmp_path / "torn")

@@ -41,9 +41,19 @@ function xFor(steps, axis, x) {
   return steps.map((s) => (m.has(s) ? m.get(s) : null));
 }
 
-function markerHook(marks, warmup, axisSteps) {
+/* regimes: [{first, last, color}] shaded from their first to their last step */
+function markerHook(marks, warmup, axisSteps, regimes = []) {
   return {
     drawClear: [(u) => {
+      const left = u.bbox.left, right = u.bbox.left + u.bbox.width;
+      for (const r of regimes) {
+        const a = Math.max(left, u.valToPos(axisSteps(r.first), "x", true));
+        const b = Math.min(right, u.valToPos(axisSteps(r.last), "x", true));
+        if (!isFinite(a) || !isFinite(b) || b <= a) continue;
+        u.ctx.save(); u.ctx.fillStyle = r.color;
+        u.ctx.fillRect(a, u.bbox.top, b - a, u.bbox.height);
+        u.ctx.restore();
+      }
       if (!warmup) return;
       const x1 = u.valToPos(axisSteps(warmup), "x", true);
       const x0 = u.bbox.left;
@@ -70,10 +80,11 @@ function markerHook(marks, warmup, axisSteps) {
 /* one chart: lines = [{label, steps, hi, lo?}], smoothed copies drawn over faint raw ones */
 function lineChart(el, title, lines, opts) {
   const { axis, x, smooth, marks, warmup, unit = "", fromZero = false, fmt = num, fill = false,
-          yLabel = "", onZoom = null } = opts;
+          yLabel = "", onZoom = null, regimes = [] } = opts;
   const wrap = document.createElement("div");
   wrap.className = "chart";
-  wrap.innerHTML = `<div class="title">${esc(title)}</div>`;
+  wrap.innerHTML = `<div class="title">${esc(title)}</div>` +
+    (regimes.length ? '<div class="regime-at"></div>' : "");
   el.appendChild(wrap);
   const allSteps = [...new Set(lines.flatMap((l) => l.steps))].sort((a, b) => a - b);
   const idx = new Map(allSteps.map((s, i) => [s, i]));
@@ -105,7 +116,24 @@ function lineChart(el, title, lines, opts) {
                     spanGaps: true });
     }
   });
-  const stepToX = (s) => { const i = idx.get(s); return i === undefined ? s : xs[i] ?? s; };
+  const stepToX = (s) => {  // a step (recorded or not) to the chosen x axis
+    if (axis === "step") return s;
+    let i = idx.get(s);
+    if (i === undefined) {  // the last recorded step before s
+      let lo = 0, hi = allSteps.length - 1;
+      while (lo < hi) { const m = (lo + hi + 1) >> 1; if (allSteps[m] <= s) lo = m; else hi = m - 1; }
+      i = lo;
+    }
+    return xs[i] ?? s;
+  };
+  const keptSteps = allSteps.filter((_, i) => keep[i]);
+  const regimeAt = (u) => {  // the regime under the cursor, named with its cause
+    const el = wrap.querySelector(".regime-at");
+    if (!el) return;
+    const s = u.cursor.idx === null || u.cursor.idx === undefined ? null : keptSteps[u.cursor.idx];
+    const r = s === null ? null : regimes.find((g) => s >= g.first && s <= g.last);
+    el.textContent = r ? `${r.name}: ${r.cause}${r.evidence ? ` (${r.evidence})` : ""}` : "";
+  };
   const u = new uPlot({
     width: Math.max(320, wrap.clientWidth - 16), height: 220,
     cursor: { sync: { key: "run" }, drag: { x: true, y: false } },
@@ -114,7 +142,8 @@ function lineChart(el, title, lines, opts) {
            { label: yLabel, size: 60, ...(opts.fmt ? { values: (u, ticks) => ticks.map((t) => fmt(t)) } : {}) }],
     legend: { live: true },
     series, bands,
-    hooks: { ...markerHook(marks || [], warmup, stepToX),
+    hooks: { ...markerHook(marks || [], warmup, stepToX, regimes),
+             setCursor: [regimeAt],
              setSelect: [(u) => {
                if (!onZoom || u.select.width < 2) return;
                const lo = u.posToVal(u.select.left, "x"), hi = u.posToVal(u.select.left + u.select.width, "x");

@@ -191,6 +191,7 @@ const CHARTS = [
 ];
 
 function drawRunCharts(doc, ser, onZoom = null) {
+  const regimes = shadedRegimes(doc.sheet);
   charts.forEach((c) => c.destroy()); charts = [];
   const el = $("#charts"); el.innerHTML = "";
   const marks = doc.findings.filter((f) => f.steps).map((f) => ({ step: f.steps[0], severity: f.severity }));
@@ -201,7 +202,8 @@ function drawRunCharts(doc, ser, onZoom = null) {
     const lines = tags.filter((t) => ser.series[t]).map((t) => ({ label: title, ...ser.series[t] }));
     if (!lines.length) continue;
     lineChart(el, title, lines, { axis: runState.axis, x: ser.x, smooth: runState.smooth,
-      marks, warmup: ser.warmup_steps, onZoom: runState.axis === "step" ? onZoom : null, ...o });
+      marks, warmup: ser.warmup_steps, onZoom: runState.axis === "step" ? onZoom : null,
+      regimes, ...o });
   }
   const fl = ser.fleet;
   if (fl) {  // a fleet: median over ranks, 10-90% and min-max bands of each step bin's means
@@ -210,7 +212,8 @@ function drawRunCharts(doc, ser, onZoom = null) {
       { label: "90% of ranks", loLabel: "10% of ranks", steps: fl.steps, lo: fl.p10, hi: fl.p90 },
       { label: `median of ${fl.ranks} ranks`, steps: fl.steps, hi: fl.median }],
       { axis: runState.axis, x: ser.x, smooth: 0, marks, warmup: ser.warmup_steps, unit: " s",
-        fromZero: true, yLabel: "seconds", onZoom: runState.axis === "step" ? onZoom : null });
+        fromZero: true, yLabel: "seconds", onZoom: runState.axis === "step" ? onZoom : null,
+        regimes });
   }
   const ph = ser.phases;
   if (ph.steps.length) {
@@ -220,7 +223,7 @@ function drawRunCharts(doc, ser, onZoom = null) {
     lineChart(el, "Phase split per step (stacked, mean over ranks)",
       names.map((n, k) => ({ label: n.replace(/_s$/, ""), steps: ph.steps, hi: stacked[k] })),
       { axis: runState.axis, x: ser.x, smooth: 0, marks: [], warmup: ser.warmup_steps, unit: " s",
-        fromZero: true, fill: true, yLabel: "seconds" });
+        fromZero: true, fill: true, yLabel: "seconds", regimes });
   }
 }
 
@@ -249,7 +252,8 @@ async function showRun(path) {
       smoothing <input id="smooth" type="range" min="0" max="0.98" step="0.02" value="${runState.smooth}">
       <button id="whole" hidden>whole run</button>
       <span class="muted">drag across a chart to zoom (the window is fetched at full resolution),
-      double-click to reset; warm-up is shaded, findings and alerts are dashed lines</span></div>
+      double-click to reset; warm-up is shaded grey, other regimes than the steady one in
+      their cause's colour (hover for the cause), findings and alerts are dashed lines</span></div>
     <div id="charts" class="charts"></div>
     ${isolationBlock(doc.events)}
     <h2>Ranks</h2>${fleetLine(ser.fleet)}
