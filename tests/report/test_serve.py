@@ -223,6 +223,8 @@ def test_a_zoomed_window_is_served_at_full_resolution(server: str) -> None:
     assert part["series"]["result/loss"]["hi"] == whole["series"]["result/loss"]["hi"][2:5]
     status, doc = _get(server + "api/series?path=run-ddp-two-ranks&steps=oops")
     assert status == 400 and "FIRST:LAST" in doc["error"]
+    status, tail = _get(server + "api/series?path=run-ddp-two-ranks&steps=3:")
+    assert status == 200 and tail["series"]["result/loss"]["steps"] == [3, 4, 5]
 
 
 def test_every_answer_forbids_outside_loads(server: str) -> None:

@@ -7,7 +7,7 @@ air-gapped cluster) and a small JSON API the page polls while a run is live:
     GET /api/runs?where=EXPR&where=EXPR&sort=-mfu&q=TEXT   run list (the index)
     GET /api/run?path=REL[&findings=0]                       sheet, findings, events, profile
     GET /api/findings?path=REL                               diagnose's findings
-    GET /api/series?path=REL&max_points=N                    per-step series for the charts
+    GET /api/series?path=REL&max_points=N[&steps=A:B|A:]     per-step series for the charts
     GET /api/compare?a=REL&b=REL                             the A/B verdict
 
 Example::
@@ -152,14 +152,15 @@ class _Handler(BaseHTTPRequestHandler):
                        {"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _window(text: str | None) -> tuple[int, int] | None:
-    """``steps=FIRST:LAST`` (inclusive, the zoomed window) or None for the whole run."""
+def _window(text: str | None) -> tuple[int, int | None] | None:
+    """``steps=FIRST:LAST`` (inclusive, the zoomed window; ``FIRST:`` runs to the newest
+    step, a window that follows a live run) or None for the whole run."""
     if not text:
         return None
     lo, sep, hi = text.partition(":")
     if not sep:
-        raise ValueError(f"steps={text!r}: expected FIRST:LAST")
-    return int(lo), int(hi)
+        raise ValueError(f"steps={text!r}: expected FIRST:LAST or FIRST:")
+    return int(lo), (int(hi) if hi.strip() else None)
 
 
 def is_loopback(host: str) -> bool:

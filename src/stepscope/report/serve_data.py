@@ -178,10 +178,11 @@ class Dashboard:
             return loaded.findings
 
     def series(self, rel: str, max_points: int = 2000, heat_cols: int = 600,
-               steps: tuple[int, int] | None = None) -> dict[str, Any]:
+               steps: tuple[int, int | None] | None = None) -> dict[str, Any]:
         """Per-step series (min/max envelopes past ``max_points``), x axes, phases, heatmap;
         ``steps`` = (first, last) inclusive narrows them to a zoomed window, so a zoom shows
-        the window at full resolution rather than the whole run's bins."""
+        the window at full resolution rather than the whole run's bins (last None: up to
+        the newest step)."""
         loaded = self._load(rel)
         return series_doc(rel, loaded.table, loaded.sheet, loaded.meta, max_points, heat_cols,
                           steps)
@@ -215,10 +216,14 @@ def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet
 
 
 def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_points: int = 2000,
-               heat_cols: int = 600, steps: tuple[int, int] | None = None) -> dict[str, Any]:
+               heat_cols: int = 600, steps: tuple[int, int | None] | None = None
+               ) -> dict[str, Any]:
     """The chart document of one run (also embedded in the offline HTML report)."""
     if steps is not None:
-        table = table.select((table["step"] >= steps[0]) & (table["step"] <= steps[1]))
+        keep = table["step"] >= steps[0]
+        if steps[1] is not None:
+            keep &= table["step"] <= steps[1]
+        table = table.select(keep)
     series = step_series(table)
     if sheet.mfu and sheet.tokens_per_s and "efficiency/tokens_per_s" in series:
         # MFU is proportional to tokens/s (MFU = tokens/s x FLOPs/token / (devices x

@@ -242,7 +242,7 @@ async function showRun(path) {
     ${m.error ? `<p class="err">${esc(m.error)}</p>` : ""}
     ${m.command ? `<pre>${esc(m.command.join(" "))}</pre>` : ""}
     ${readBlock(doc)}
-    ${sheetCards(doc.sheet, m, doc.text)}
+    <div id="sheet">${sheetCards(doc.sheet, m, doc.text)}</div>
     ${regimesBlock(doc)}
     <h2>Findings</h2><div id="findings"><p class="muted">Diagnosing…</p></div>
     <h2>Charts</h2>
@@ -267,13 +267,22 @@ async function showRun(path) {
     <details><summary>Config</summary>${kvTable(m.config)}</details>
     <details><summary>Events (${doc.events.length})</summary><pre>${esc(doc.events.map((e) => JSON.stringify(e)).join("\n"))}</pre></details>
     ${doc.read_problems.length ? `<details><summary>Read problems</summary><pre>${esc(doc.read_problems.join("\n"))}</pre></details>` : ""}`;
-  let windowed = null;  // [lo, hi] while zoomed into a window fetched at full resolution
+  /* Zoom: the window is fetched again at full resolution and, on a live run, polled like
+     the whole run (it keeps its window). A window that reaches the newest step follows the
+     live edge (open-ended, hi = null); one in the past stays where it is. */
+  let windowed = null;  // the zoomed window's series document
+  let win = null;       // [lo, hi | null] of that window
+  const lastStep = (s) => Math.max(-Infinity, ...Object.values(s.series).map((v) =>
+    v.steps.length ? v.steps[v.steps.length - 1] : -Infinity));
+  const fetchWindow = (w) => api("series", { path, steps: `${w[0]}:${w[1] ?? ""}` });
   const zoom = OFFLINE ? null : async (lo, hi) => {
-    try { windowed = await api("series", { path, steps: `${lo}:${hi}` }); } catch (e) { return; }
+    const w = [lo, doc.meta.status === "running" && hi >= lastStep(ser) ? null : hi];
+    try { windowed = await fetchWindow(w); win = w; } catch (e) { return; }
     redraw(); $("#whole").hidden = false;
   };
   const redraw = () => drawRunCharts(doc, windowed || ser, zoom);
-  $("#whole").addEventListener("click", () => { windowed = null; $("#whole").hidden = true; redraw(); });
+  $("#whole").addEventListener("click", () => {
+    windowed = null; win = null; $("#whole").hidden = true; redraw(); });
   $("#axis").value = runState.axis;
   $("#axis").addEventListener("change", (e) => { runState.axis = e.target.value; redraw(); });
   $("#smooth").addEventListener("change", (e) => { runState.smooth = +e.target.value; redraw(); });
@@ -283,8 +292,9 @@ async function showRun(path) {
     $("#findings").querySelectorAll("a[data-f]").forEach((a) => a.addEventListener("click", () => {
       const f = doc.findings[+a.dataset.f];
       const lo = f.steps[0] - 10, hi = f.steps[1] + 10;
-      runState.axis = "step"; $("#axis").value = "step"; redraw();
-      charts.forEach((c) => c.setScale("x", { min: lo, max: hi }));
+      runState.axis = "step"; $("#axis").value = "step";
+      if (zoom) zoom(lo, hi);  // served: the same zoom as a drag, kept while polling
+      else { redraw(); charts.forEach((c) => c.setScale("x", { min: lo, max: hi })); }
       $("#charts").scrollIntoView();
     }));
   };
@@ -299,11 +309,17 @@ async function showRun(path) {
     $("#live").hidden = false;
     let busy = false;
     timers.push(setInterval(async () => {  // within 2 s of new records: poll every second
-      if (busy || windowed) return;
+      if (busy) return;
       busy = true;
-      try { [doc, ser] = await Promise.all([api("run", { path, findings: "0" }), api("series", { path })]); }
+      const w = win;
+      let got;
+      try { got = await Promise.all([api("run", { path, findings: "0" }), api("series", { path }),
+                                     w ? fetchWindow(w) : null]); }
       catch (e) { return; } finally { busy = false; }
+      [doc, ser] = got;
+      if (w && win === w) windowed = got[2];  // unless the user zoomed again meanwhile
       doc.findings = findings || [];
+      $("#sheet").innerHTML = sheetCards(doc.sheet, doc.meta, doc.text);
       redraw(); drawHeatmap($("#heat"), ser.heatmap);
       if (doc.meta.status !== "running") { $("#live").hidden = true; timers.forEach(clearInterval); }
     }, 1000));
