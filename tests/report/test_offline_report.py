@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stepscope import RunDir, summarize
+from stepscope import RunDir, RunMeta, StepTable, summarize
 from stepscope.report.offline import OFFLINE_CSP, render_offline
 from stepscope.report.serve_data import run_doc, series_doc
 from support.browser import embedded, offline_page, report_of
@@ -129,3 +129,16 @@ def test_report_shows_the_regimes_conditions_and_what_was_skipped(tmp_path: Path
     assert read["torn_tail"] == 1 or read["skipped"] >= 1
     with offline_page(torn) as page:
         assert "skipped" in page.inner_text("#read-warning")
+
+
+def test_a_long_phase_split_is_binned_by_mean_and_still_adds_up() -> None:
+    n = 10_000
+    steps = np.arange(n)
+    fwd = np.where(steps % 2 == 0, 0.2, 0.4)
+    t = StepTable.from_columns({"rank": np.zeros(n, dtype=int), "step": steps,
+                                "step_time_s": fwd + 0.1, "forward_s": fwd})
+    doc = series_doc("long", t, summarize(t), RunMeta(run_id="long"), max_points=1000)
+    ph = doc["phases"]
+    assert len(ph["steps"]) == 1000 and ph["steps"][:3] == [0, 10, 20]
+    assert ph["cols"]["forward_s"] == pytest.approx([0.3] * 1000)  # mean of 0.2 and 0.4
+    assert ph["cols"]["other_s"] == pytest.approx([0.1] * 1000)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis.series import dense_ids
 from ..schema import AnyArray, StepTable
 
 __all__ = ["FleetMatrix", "fleet_matrix", "slowest_ranks", "MAX_BINS"]
@@ -40,7 +41,9 @@ class FleetMatrix:
 
     def quantiles(self, qs: tuple[float, ...]) -> AnyArray:
         """Rows: the ``qs`` percentiles over ranks of each step bin (NaN where none)."""
-        with warnings.catch_warnings():
+        if np.isfinite(self.values).all():  # the common case: one vectorised pass
+            return np.asarray(np.percentile(self.values, qs, axis=0))
+        with warnings.catch_warnings():  # nanpercentile loops over columns in Python
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN bins stay NaN
             return np.asarray(np.nanpercentile(self.values, qs, axis=0))
 
@@ -56,21 +59,9 @@ class _Bins:
     nb: int
 
 
-def _dense_ids(x: AnyArray) -> tuple[AnyArray, AnyArray]:
-    """(sorted distinct values, index of each value): ``np.unique(return_inverse)``, in
-    O(n) with a lookup table when the values are small non-negative integers (ranks, steps)."""
-    if x.size and x.min() >= 0 and x.max() < 4 * x.size + 4096:
-        present = np.bincount(x) > 0
-        values = np.flatnonzero(present)
-        lookup = np.cumsum(present) - 1
-        return values, lookup[x]
-    values, inverse = np.unique(x, return_inverse=True)
-    return values, inverse
-
-
 def _bins(table: StepTable, max_bins: int) -> _Bins:
-    ranks, row = _dense_ids(table["rank"])
-    steps, si = _dense_ids(table["step"])
+    ranks, row = dense_ids(table["rank"])
+    steps, si = dense_ids(table["step"])
     nb = max(1, min(len(steps), max_bins))
     first = np.searchsorted(np.arange(len(steps)) * nb // max(1, len(steps)), np.arange(nb))
     return _Bins(ranks, row, steps[first] if len(steps) else steps,

@@ -173,10 +173,13 @@ def is_loopback(host: str) -> bool:
 
 
 def make_server(root: str, host: str = "127.0.0.1", port: int = 8765,
-                refresh_s: float = 2.0, token: str | None = None) -> DashboardServer:
+                refresh_s: float = 2.0, token: str | None = None,
+                index_wait_s: float = 0.25) -> DashboardServer:
     """A ready (bound, not yet serving) dashboard server over ``root``. Any host but a
-    loopback address gets a token (generated unless given) that every request must carry."""
-    board = Dashboard(root, refresh_s=refresh_s)
+    loopback address gets a token (generated unless given) that every request must carry.
+    ``index_wait_s``: how long a request waits for the index before it answers with what
+    is known (serve_index.RunList)."""
+    board = Dashboard(root, refresh_s=refresh_s, index_wait_s=index_wait_s)
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(18)
     try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,11 +32,12 @@ from ..analysis.findings import Finding
 from ..analysis.series import by_step, envelope, phase_stack, rank_heatmap, step_series
 from ..analysis.summary import Sheet, summarize
 from ..errors import RunDirError, StepscopeError
-from ..index import INDEX_FILE, build_index, query_index
+from ..index import INDEX_FILE
 from ..schema import AnyArray, RunMeta, StepTable
 from ..store import ReadStats, RunDir
 from .fleet import fleet_matrix, slowest_ranks
 from .regimes_view import sheet_text
+from .serve_index import RunList
 
 __all__ = ["Dashboard", "NotFound", "series_doc", "run_doc", "latest_profile"]
 
@@ -63,7 +63,12 @@ class _Loaded:
 
 
 def _floats(a: AnyArray) -> list[float | None]:
-    return [None if not math.isfinite(v) else v for v in a.astype(np.float64).tolist()]
+    """JSON-ready floats, None where not finite (one tolist, then only the gaps patched)."""
+    a = np.asarray(a, dtype=np.float64)
+    out: list[float | None] = a.tolist()
+    for i in np.flatnonzero(~np.isfinite(a)).tolist():
+        out[i] = None
+    return out
 
 
 def _dir_signature(path: Path) -> tuple[float, int]:
@@ -81,7 +86,8 @@ def _dir_signature(path: Path) -> tuple[float, int]:
 class Dashboard:
     """Index-backed view of ROOT for the web app (thread-safe; see the module docstring)."""
 
-    def __init__(self, root: str | Path, refresh_s: float = 2.0) -> None:
+    def __init__(self, root: str | Path, refresh_s: float = 2.0, index_wait_s: float = 0.25
+                 ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise RunDirError(f"{self.root} is not a directory; pass the folder that holds "
@@ -89,40 +95,34 @@ class Dashboard:
         self.db = self.root / INDEX_FILE
         self.refresh_s = refresh_s
         self._lock = threading.Lock()
-        self._indexed_at = -math.inf
-        self._skipped: list[dict[str, str]] = []
-        self._known: set[str] = set()
+        # The index, refreshed off the request; a request waits index_wait_s at most.
+        self._runs = RunList(self.root, refresh_s, index_wait_s)
         self._cache: OrderedDict[str, _Loaded] = OrderedDict()
         # One loader per run at a time: the page asks for a run's sheet and series at once,
         # and the second request should wait for the first read, not read it again.
         self._loading: dict[str, threading.Lock] = {}
+        # Diagnosing (seconds on a long run) has a lock of its own: a page opened meanwhile
+        # must not wait for the findings of the one before to load its charts.
+        self._diagnosing: dict[str, threading.Lock] = {}
 
     # -- the run list ------------------------------------------------------------------
-    def _refresh(self) -> None:
-        with self._lock:
-            if time.monotonic() - self._indexed_at < self.refresh_s:
-                return
-            result = build_index(self.root, self.db)
-            self._skipped = [{"path": s.path, "reason": s.reason} for s in result.skipped]
-            self._known = {r["path"] for r in query_index(self.db)}
-            self._indexed_at = time.monotonic()
-
     def runs(self, where: Sequence[str] = (), sort: str | None = None, q: str = ""
              ) -> dict[str, Any]:
-        """Index rows matching ``where`` (the ``index --where`` language) and the text ``q``."""
-        self._refresh()
-        rows = query_index(self.db, [w for w in where if w.strip()], sort=sort or None)
+        """Index rows matching ``where`` (the ``index --where`` language) and the text ``q``
+        (``indexing``: the first index is not built yet, the rows are ``pending``: no
+        numbers, listed from run.json)."""
+        rows, skipped, indexing = self._runs.rows(where, sort)
         needle = q.strip().lower()
         if needle:
             rows = [r for r in rows if any(needle in str(r.get(k) or "").lower()
                                            for k in ("path", "name", "run_id", "model_name"))]
         for r in rows:
-            r["valid"] = bool(r.get("steps"))
-        return {"root": str(self.root), "runs": rows, "skipped": list(self._skipped)}
+            r["valid"] = bool(r.get("steps")) or bool(r.get("pending"))
+        return {"root": str(self.root), "runs": rows, "skipped": skipped,
+                "indexing": indexing}
 
     def _path_of(self, rel: str) -> Path:
-        self._refresh()
-        if rel not in self._known:
+        if not self._runs.known(rel):
             raise NotFound(f"no run {rel!r} under {self.root}")
         return self.root if rel == "." else self.root / rel
 
@@ -169,7 +169,9 @@ class Dashboard:
         return {"path": rel, "findings": [f.to_dict() for f in found]}
 
     def _findings(self, rel: str, loaded: _Loaded, run: RunDir) -> list[Finding]:
-        with self._loading.setdefault(rel, threading.Lock()):
+        with self._lock:
+            gate = self._diagnosing.setdefault(rel, threading.Lock())
+        with gate:
             if loaded.findings is None:
                 events, _ = run.read_events()
                 loaded.findings = (diagnose(loaded.table, loaded.meta, events=events,
@@ -232,10 +234,12 @@ def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_poin
         series["efficiency/mfu"] = (s, tps * (sheet.mfu / sheet.tokens_per_s))
     out: dict[str, Any] = {}
     for tag, (at, vals) in series.items():
+        if tag.startswith("ranks/"):
+            continue  # the page draws ranks as the fleet's bands and the heatmap
         s, lo, hi = envelope(at, vals, max_points)
         out[tag] = {"steps": s.tolist(), "lo": _floats(lo), "hi": _floats(hi)}
     return {"path": rel, "series": out, "x": _x_axes(table, series),
-            "phases": _phases(table), "heatmap": _heatmap(table, heat_cols),
+            "phases": _phases(table, max_points), "heatmap": _heatmap(table, heat_cols),
             "fleet": _fleet(table, heat_cols),
             "warmup_steps": sheet.warmup_steps, "status": meta.status,
             "window": list(steps) if steps else None}
@@ -253,8 +257,18 @@ def _x_axes(table: StepTable, series: dict[str, tuple[AnyArray, AnyArray]]) -> d
     return out
 
 
-def _phases(table: StepTable) -> dict[str, Any]:
-    steps, cols = phase_stack(table) if len(table) else (np.zeros(0), {})
+def _phases(table: StepTable, max_points: int) -> dict[str, Any]:
+    """The stacked phase split per step; past ``max_points`` steps, the mean of each bin of
+    consecutive steps (means stack: the bins' parts still add up to their step time)."""
+    steps, cols = phase_stack(table) if len(table) else (np.zeros(0, dtype=np.int64), {})
+    n = len(steps)
+    if n > max_points:
+        b = np.arange(n) * max_points // n
+        counts = np.bincount(b, minlength=max_points)
+        starts = np.searchsorted(b, np.arange(max_points))
+        steps = steps[starts]
+        cols = {k: np.bincount(b, weights=v, minlength=max_points) / counts
+                for k, v in cols.items()}
     return {"steps": steps.tolist(), "cols": {k: _floats(v) for k, v in cols.items()}}
 
 

@@ -88,7 +88,8 @@ async function loadRuns() {
       <td><input type="checkbox" data-p="${esc(r.path)}" ${listState.selected.has(r.path) ? "checked" : ""}></td>` +
     RUN_COLS.map(([, , f, n]) => `<td class="${n ? "num" : ""}">${f(r)}</td>`).join("") + "</tr>");
   $("#runs").innerHTML = head + rows.join("");
-  $("#count").textContent = `${doc.runs.length} run(s) under ${doc.root}`;
+  $("#count").textContent = `${doc.runs.length} run(s) under ${doc.root}` +
+    (doc.indexing ? " · indexing: the numbers fill in as the runs are read" : "");
   $("#runs").querySelectorAll("th[data-k]").forEach((th) => th.addEventListener("click", () => {
     const k = th.dataset.k;
     listState.sort = listState.sort === "-" + k ? k : "-" + k;
