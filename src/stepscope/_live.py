@@ -15,7 +15,7 @@ import socket
 import warnings
 from typing import Any
 
-from ._live_env import ALERTS_ENV, METRICS_PORT_ENV
+from ._live_env import ALERTS_ENV, METRICS_PORT_ENV, MLFLOW_ENV, TENSORBOARD_ENV
 
 __all__ = ["start_live", "ALERTS_ENV", "METRICS_PORT_ENV"]
 
@@ -34,13 +34,36 @@ def _metrics_port(explicit: int | None) -> int | None:
     return int(value)
 
 
+class _Handles:
+    """The live parts a recorder closes: alerts/metrics, then the live export."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    def close(self, status: str = "finished") -> None:
+        for part in self.parts:
+            if hasattr(part, "on_records"):  # the live export ends its tracker runs
+                part.close(status)
+            else:
+                part.close()
+
+
 def start_live(rec: Any, alerts: str | os.PathLike[str] | None,
-               metrics_port: int | None) -> Any:
-    """Write the process record; start alerts and metrics if configured (else None)."""
+               metrics_port: int | None) -> _Handles | None:
+    """Write the process record; start alerts, metrics and the live export (TensorBoard,
+    MLflow) if configured (else None)."""
     rec.run.append_event({"type": "process", "rank": rec.rank, "pid": os.getpid(),
                           "hostname": socket.gethostname()})
+    parts: list[Any] = []
     port = _metrics_port(metrics_port)
-    if alerts is None and port is None and not os.environ.get(ALERTS_ENV):
-        return None
-    monitor = importlib.import_module("stepscope.alerts.monitor")
-    return monitor.start(rec, alerts, port, explicit_port=metrics_port is not None)
+    if alerts is not None or port is not None or os.environ.get(ALERTS_ENV):
+        monitor = importlib.import_module("stepscope.alerts.monitor")
+        handle = monitor.start(rec, alerts, port, explicit_port=metrics_port is not None)
+        if handle is not None:
+            parts.append(handle)
+    if os.environ.get(TENSORBOARD_ENV) or os.environ.get(MLFLOW_ENV):
+        export = importlib.import_module("stepscope.report.live_export")
+        live = export.start_from_env(rec)
+        if live is not None:
+            parts.append(live)
+    return _Handles(parts) if parts else None

@@ -380,7 +380,7 @@ class Recorder:
         if self._queue.dropped:
             self.run.report_loss(self.rank, self.dropped, self._queue.first_error)
         if self._live is not None:  # after the last records went through the rules
-            self._live.close()
+            self._live.close(status)
         if self.rank == 0:
             try:
                 self.run.finish(status, error, self.dropped, self._queue.first_error)

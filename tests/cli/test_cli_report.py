@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.report.offline import OFFLINE_CSP
+from support.browser import embedded, offline_page
+
 pytest.importorskip("torch")
 
 SHEET_KEYS = {"tokens_per_s", "samples_per_s", "step_time_s", "mfu", "hfu",
@@ -41,10 +44,15 @@ def test_demo_writes_a_full_run(demo_run: tuple[Path, dict]) -> None:
     assert sheet["mem_peak_bytes"] > 0 and "RSS" in sheet["mem_source"]
     assert (out / "run.json").is_file() and (out / "steps" / "rank-00000.jsonl").is_file()
     html = (out / "report.html").read_text()
-    assert html.startswith("<!doctype html>") and "<svg" in html
+    assert html.startswith("<!doctype html>") and OFFLINE_CSP in html
     # self-contained: no scripts, stylesheets or images fetched from anywhere
-    for external in ("<script", "<link", "<img", "src=", "@import", "url(http", "url(//"):
+    for external in ("<link", "<img", "src=", "@import", "url(http", "url(//"):
         assert external not in html
+    doc = embedded(out / "report.html")
+    assert doc["run"]["sheet"]["steps"] == 8
+    assert len(doc["series"]["series"]["result/loss"]["steps"]) == 8
+    with offline_page(out / "report.html", "report-demo") as page:  # file:// only
+        assert page.evaluate("charts.every(c => c.data[1].some(v => v !== null))")
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] == "finished"
     for key in ("num_params", "seq_len", "global_batch", "lr", "seed", "precision"):
@@ -109,7 +117,12 @@ def test_demo_slow_data_walks_through_the_isolation_story(tmp_path: Path) -> Non
                  "5. "):
         assert line in proc.stderr
     assert any(f["rule"] == "isolation.data" for f in sheet["findings"])
-    assert "Isolation experiment (slow data)" in (out / "report.html").read_text()
+    (event,) = [e for e in embedded(out / "report.html")["run"]["events"]
+                if e["type"] == "isolation"]
+    assert event["result"]["verdict"] == iso["verdict"]
+    with offline_page(out / "report.html", "report-isolation") as page:
+        shown = page.inner_text("#isolation")
+        assert "Isolation experiment (slow data)" in shown and iso["verdict"] in shown
 
 
 def test_report_html_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:

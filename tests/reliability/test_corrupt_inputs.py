@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from stepscope.recorder import Recorder
+from support.browser import embedded
 from support.procs import no_traceback, stepscope
 from support.traces import cpu_step_events, ev, thread_name, write_trace
 
@@ -123,6 +124,7 @@ def test_report_on_read_only_run_prints_sheet_and_says_where_html_went(
     assert "health-check sheet" in proc.stdout
     spare = tmp_path / "stepscope-report-run.html"
     assert spare.is_file() and f"wrote it to {spare} instead" in _text(proc)
+    assert embedded(spare)["run"]["path"] == read_only_run.name  # the whole report, not a stub
     assert not (read_only_run / "report.html").exists()
 
 

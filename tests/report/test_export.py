@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -41,15 +42,24 @@ def _expected() -> dict[str, dict[int, float]]:
     return out
 
 
-def _export(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stepscope", "export", str(RUN), *args],
+def _copy(tmp_path: Path) -> Path:
+    """The fixture, copied: the reader writes its column cache beside the step files."""
+    copy = tmp_path / RUN.name
+    if not copy.exists():
+        shutil.copytree(RUN, copy)
+    return copy
+
+
+def _export(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    copy = _copy(tmp_path)
+    return subprocess.run([sys.executable, "-m", "stepscope", "export", str(copy), *args],
                           capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_tensorboard_event_files_hold_the_same_series_as_the_records(tmp_path: Path) -> None:
     ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     pytest.importorskip("tensorboardX")
-    proc = _export("--to", "tensorboard", str(tmp_path / "tb"))
+    proc = _export(tmp_path, "--to", "tensorboard", str(tmp_path / "tb"))
     assert proc.returncode == 0, proc.stderr
     ea = ea_mod.EventAccumulator(str(tmp_path / "tb"))
     ea.Reload()
@@ -71,7 +81,7 @@ def test_tensorboard_event_files_hold_the_same_series_as_the_records(tmp_path: P
 def test_mlflow_run_holds_params_metrics_and_status(tmp_path: Path) -> None:
     mlflow = pytest.importorskip("mlflow")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = _export("--to", "mlflow", uri, "--experiment", "exp-a", "--json")
+    proc = _export(tmp_path, "--to", "mlflow", uri, "--experiment", "exp-a", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     client = mlflow.MlflowClient(tracking_uri=uri)
@@ -89,8 +99,8 @@ def test_mlflow_run_holds_params_metrics_and_status(tmp_path: Path) -> None:
 
 def test_csv_and_parquet_carry_the_whole_step_table(tmp_path: Path) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
-    assert _export("--to", "csv", str(tmp_path / "s.csv")).returncode == 0
-    assert _export("--to", "parquet", str(tmp_path / "s.parquet")).returncode == 0
+    assert _export(tmp_path, "--to", "csv", str(tmp_path / "s.csv")).returncode == 0
+    assert _export(tmp_path, "--to", "parquet", str(tmp_path / "s.parquet")).returncode == 0
     rows = sorted(_rows(), key=lambda r: (r["rank"], r["step"]))
     with open(tmp_path / "s.csv", newline="") as fh:
         got = list(csv.DictReader(fh))
@@ -111,7 +121,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    proc = _export("--to", "excel", str(tmp_path / "x"))
+    proc = _export(tmp_path, "--to", "excel", str(tmp_path / "x"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert not (tmp_path / "x").exists()
 
@@ -120,7 +130,7 @@ def test_a_missing_library_is_named_before_anything_is_written(tmp_path: Path) -
     # The package is installed here; hiding it from the import system is the only way to
     # meet the "not installed" case on this machine.
     code = ("import sys; sys.modules['mlflow'] = None; from stepscope.cli import main; "
-            f"main(['export', {str(RUN)!r}, '--to', 'mlflow', 'sqlite:///{tmp_path}/m.db'])")
+            f"main(['export', {str(_copy(tmp_path))!r}, '--to', 'mlflow', 'sqlite:///{tmp_path}/m.db'])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 2

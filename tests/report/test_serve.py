@@ -17,17 +17,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from stepscope import RunDir
 from stepscope.analysis.series import step_series
 from stepscope.report.serve import make_server
+from stepscope.report.serve_data import Dashboard, NotFound
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Screenshots of each page, kept after the run for a person to look at (build/ is ignored).
 ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 XSS = "<img src=x onerror=window.__xss=1>"
+# Requests here wait for the index (as long as it takes on a loaded host): the tests pin
+# what a fresh index holds; test_a_cold_root_is_listed_before_it_is_indexed the other case.
+WAIT_S = 300.0
 
 
 @pytest.fixture
@@ -41,7 +46,7 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def server(root: Path) -> Iterator[str]:
-    srv = make_server(str(root), port=0, refresh_s=0.0)
+    srv = make_server(str(root), port=0, refresh_s=0.0, index_wait_s=WAIT_S)
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1},
                               daemon=True)
     thread.start()
@@ -77,9 +82,15 @@ def test_series_equal_the_records_and_nothing_outside_root_is_served(server: str
     assert status == 200
     table, _ = RunDir.open(root / "run-ddp-two-ranks").read_steps()
     for tag, (steps, vals) in step_series(table).items():
+        if tag.startswith("ranks/"):  # ranks are drawn as the fleet's bands and heatmap
+            assert tag not in doc["series"]
+            continue
         assert doc["series"][tag]["steps"] == steps.tolist()
         assert doc["series"][tag]["hi"] == pytest.approx(vals.tolist(), rel=1e-12)
     assert len(doc["heatmap"]["values"]) == 2 and doc["heatmap"]["ranks"] == [0, 1]
+    times = {r: table.rank(r)["step_time_s"] for r in (0, 1)}
+    assert doc["fleet"]["max"] == pytest.approx(np.maximum(*times.values()).tolist())
+    assert doc["fleet"]["min"] == pytest.approx(np.minimum(*times.values()).tolist())
     rows0 = [json.loads(x) for x in
              (root / "run-ddp-two-ranks/steps/rank-00000.jsonl").read_text().splitlines()]
     assert doc["series"]["result/loss"]["hi"] == [r["loss"] for r in rows0]
@@ -223,6 +234,8 @@ def test_a_zoomed_window_is_served_at_full_resolution(server: str) -> None:
     assert part["series"]["result/loss"]["hi"] == whole["series"]["result/loss"]["hi"][2:5]
     status, doc = _get(server + "api/series?path=run-ddp-two-ranks&steps=oops")
     assert status == 400 and "FIRST:LAST" in doc["error"]
+    status, tail = _get(server + "api/series?path=run-ddp-two-ranks&steps=3:")
+    assert status == 200 and tail["series"]["result/loss"]["steps"] == [3, 4, 5]
 
 
 def test_every_answer_forbids_outside_loads(server: str) -> None:
@@ -236,7 +249,7 @@ def test_every_answer_forbids_outside_loads(server: str) -> None:
 
 
 def test_a_non_loopback_host_needs_the_printed_token(root: Path) -> None:
-    srv = make_server(str(root), host="0.0.0.0", port=0, refresh_s=0.0)
+    srv = make_server(str(root), host="0.0.0.0", port=0, refresh_s=0.0, index_wait_s=WAIT_S)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     try:
@@ -277,7 +290,7 @@ def _xss_run(root: Path) -> str:
 def test_script_in_run_supplied_strings_stays_inert(root: Path) -> None:
     sync_api = _browser()
     name = _xss_run(root)
-    srv = make_server(str(root), port=0, refresh_s=0.0)
+    srv = make_server(str(root), port=0, refresh_s=0.0, index_wait_s=WAIT_S)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     try:
@@ -298,3 +311,24 @@ def test_script_in_run_supplied_strings_stays_inert(root: Path) -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_cold_root_is_listed_before_it_is_indexed(root: Path) -> None:
+    """No index yet and no wait: the runs come from run.json at once, marked pending, and
+    the numbers arrive with the background index (the page's 2-second reload)."""
+    board = Dashboard(root, refresh_s=0.0, index_wait_s=0.0)
+    doc = board.runs()
+    assert doc["indexing"] is True
+    assert sorted(r["path"] for r in doc["runs"]) == ["run-ddp-two-ranks", "run-torn-last-line"]
+    assert all(r["pending"] and r["valid"] and r.get("steps") is None for r in doc["runs"])
+    assert board.series("run-ddp-two-ranks")["series"]["result/loss"]["steps"]  # servable
+    with pytest.raises(NotFound):
+        board.series("../outside")
+    deadline = time.monotonic() + 300
+    while doc["indexing"]:
+        assert time.monotonic() < deadline, doc
+        time.sleep(0.2)
+        doc = board.runs()
+    assert {r["path"]: r["steps"] for r in doc["runs"]} == {"run-ddp-two-ranks": 6,
+                                                           "run-torn-last-line": 7}
+    assert [s["path"] for s in doc["skipped"]] == ["broken"]

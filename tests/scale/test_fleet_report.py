@@ -11,11 +11,11 @@ import orjson
 from click.testing import CliRunner
 
 from stepscope import RunDir, RunMeta
-from stepscope.analysis.summary import summarize
 from stepscope.cli import _register, cli
 from stepscope.report.fleet import fleet_matrix, slowest_ranks
-from stepscope.report.html import render_html
 from stepscope.schema import StepTable
+from support.browser import embedded, offline_page, report_of
+from support.rundirs import run_from_columns
 
 STRAGGLER = 700
 
@@ -40,16 +40,28 @@ def test_matrix_is_the_mean_of_each_rank_in_each_step_bin() -> None:
     assert np.array_equal(m.values, [[2.0, 5.0], [2.0, 4.0]])
 
 
-def test_slowest_rank_is_named_and_ranks_are_not_one_line_each() -> None:
+def test_slowest_rank_is_named_and_ranks_are_not_one_line_each(tmp_path: Path) -> None:
     t = _fleet()
     assert slowest_ranks(fleet_matrix(t, "step_time_s"), 1)[0][0] == STRAGGLER
-    html = render_html(summarize(t), RunMeta(run_id="fleet"), t)
-    assert re.search(rf"Slowest ranks[^<]*rank {STRAGGLER} \(1\.3\dx\)", html)
-    assert "rank x step" in html and "median of 1024 ranks" in html
-    assert "<image" in html  # the heatmap, one raster instead of 1,024 paths
-    assert html.count("rank 3 ") == 0  # no per-rank legend entries
-    assert "1008 faster rank(s) not listed" in html
-    assert len(html) < 3_000_000
+    cols = {c: t[c] for c in ("rank", "step", "step_time_s", "tokens", "loss")}
+    report = report_of(run_from_columns(tmp_path / "fleet", cols).path)
+    assert report.stat().st_size < 3_000_000
+    doc = embedded(report)
+    fleet = doc["series"]["fleet"]
+    assert fleet["ranks"] == 1024 and fleet["slowest"][0][0] == STRAGGLER
+    assert 1.25 < fleet["slowest"][0][1] < 1.35
+    assert len(doc["series"]["heatmap"]["ranks"]) == 1024  # every rank, as one raster
+    # no per-rank lines: the fleet chart is bands, not 1,024 lines
+    assert not any(k.startswith("ranks/") for k in doc["series"]["series"])
+    with offline_page(report, "report-fleet-1024") as page:
+        assert re.search(rf"rank {STRAGGLER} \(1\.3\dx\)", page.inner_text("#slowest"))
+        assert page.evaluate("document.querySelector('#heat').height") == 1024
+        assert "1008 more ranks" in page.inner_text("#per-rank")
+        titles = page.eval_on_selector_all(".chart .title", "e => e.map(x => x.textContent)")
+        i = titles.index("Step time across 1024 ranks")
+        labels = page.evaluate(f"charts[{i}].series.map(s => s.label)")
+        assert labels[1:] == ["fastest rank", "slowest rank", "10% of ranks", "90% of ranks",
+                              "median of 1024 ranks"]
 
 
 def _invoke(*args: str) -> tuple[int, str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import orjson
 
 from stepscope.report.terminal import fmt_num, fmt_pct
+from support.browser import embedded, offline_page
 
 STEPSCOPE = str(Path(sys.executable).parent / "stepscope")
 
@@ -36,9 +37,11 @@ def test_progress_bar_sheet_html_and_index_agree(tmp_path: Path) -> None:
     sheet = _json("report", str(run), "--no-html")
     tps, mfu = fmt_num(sheet["tokens_per_s"]), fmt_pct(sheet["mfu"])
     assert bar[-1] == (tps, mfu)
-    html = (run / "report.html").read_text()
-    assert f"<td>tokens/s</td><td class=v>{tps}</td>" in html
-    assert f"<td>MFU</td><td class=v>{mfu}</td>" in html
+    text = embedded(run / "report.html")["run"]["text"]
+    assert (text["tokens_per_s"], text["mfu"]) == (tps, mfu)
+    with offline_page(run / "report.html") as page:  # what a reader sees, drawn by Chromium
+        assert page.inner_text("[data-k=tokens_per_s]") == tps
+        assert page.inner_text("[data-k=mfu]") == mfu
     index = _json("index", str(tmp_path / "runs"))
     (row,) = index["runs"]
     assert (row["tokens_per_s"], row["mfu"]) == (sheet["tokens_per_s"], sheet["mfu"])

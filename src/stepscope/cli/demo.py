@@ -47,13 +47,11 @@ def demo_cmd(framework: str, steps: int, out: Path | None, seed: int, slow_data:
     kw = {"keep_batches": 16} if slow_data else {}
     kept = train_demo(framework, run_dir, steps, seed, slow_data, as_json, "train", **kw)
     loaded = load_run(run_dir)
-    sections: tuple[tuple[str, str], ...] = ()
     story = None
-    if slow_data:
+    if slow_data:  # recorded in events.jsonl, which the report's isolation view shows
         story = isolation_story(console, loaded, kept, steps, seed, as_json, framework)
-        sections = story.html_sections
         loaded = load_run(run_dir)
-    html = write_html(loaded, None, sections)
+    html = write_html(loaded)
     if as_json:
         d = sheet_json(loaded)
         d["html"] = str(html)

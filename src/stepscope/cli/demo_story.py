@@ -9,13 +9,11 @@ events.jsonl so `stepscope diagnose` and `stepscope report` show it later.
 from __future__ import annotations
 
 import dataclasses
-import html
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.text import Text
 
 from ..analysis.advice import advise
 from ..analysis.isolation import ISOLATION_EVENT, data_isolation_verdict, isolation_finding
@@ -34,11 +32,9 @@ _REPLAY_STEPS = 30
 class Story:
     result: dict[str, Any]
     renderables: list[Any] = field(default_factory=list)
-    html_sections: tuple[tuple[str, str], ...] = ()
 
 
-def _say(console: Console, lines: list[str], text: str) -> None:
-    lines.append(text)
+def _say(console: Console, text: str) -> None:
     console.print(text)  # stderr under --json, so stdout stays machine-readable
 
 
@@ -48,15 +44,14 @@ def isolation_story(console: Console, loaded: LoadedRun, kept: list[Any], steps:
 
     ``quiet`` hides the replay run's progress bar (``--json``); the story is always told.
     """
-    lines: list[str] = []
     s = loaded.sheet
-    _say(console, lines, "\n[bold]1. Step breakdown[/bold]: " + ", ".join(
+    _say(console, "\n[bold]1. Step breakdown[/bold]: " + ", ".join(
         f"{p} {fmt_pct(f)}" for p, f in s.phase_frac.items()))
-    _say(console, lines,
+    _say(console,
          f"[bold]2. Suspect[/bold]: the device waits for data {fmt_pct(s.data_wait_frac)} "
          "of the step (health threshold: 5%) → the data pipeline")
     replay_dir = Path(f"{loaded.run.path}-replay")
-    _say(console, lines,
+    _say(console,
          f"[bold]3. Isolation experiment[/bold]: same model, seed and batch shape; data "
          f"replaced by {len(kept)} real batches held in memory → {replay_dir}")
     train_demo(framework, replay_dir, min(steps, _REPLAY_STEPS), seed, False, quiet, "replay",
@@ -65,7 +60,7 @@ def isolation_story(console: Console, loaded: LoadedRun, kept: list[Any], steps:
     res = data_isolation_verdict(loaded.table, replay_table)
     loaded.run.append_event({"type": ISOLATION_EVENT, "kind": "data",
                              "result": res.to_dict(), "experiment_run": str(replay_dir)})
-    _say(console, lines,
+    _say(console,
          f"[bold]4. Verdict[/bold]: {res.verdict} — {fmt_num(res.baseline_rate)} → "
          f"{fmt_num(res.experiment_rate)} {res.unit}; the pipeline costs "
          f"{fmt_pct(res.share)} of the time. {res.message}")
@@ -79,12 +74,10 @@ def isolation_story(console: Console, loaded: LoadedRun, kept: list[Any], steps:
             "larger phases")
     for i, a in enumerate(advice[:3]):
         head = lead if i == 0 else "   then"
-        _say(console, lines, f"{head}: {a.knob} — {a.change} (expected: "
+        _say(console, f"{head}: {a.knob} — {a.change} (expected: "
                                     f"{a.expected_effect})")
     if not advice:
-        _say(console, lines, "[bold]5. Advice[/bold]: the data pipeline is not the "
+        _say(console, "[bold]5. Advice[/bold]: the data pipeline is not the "
                                     "bottleneck; look at the next phase of the breakdown")
-    body = "".join(f"<p>{html.escape(Text.from_markup(x).plain)}</p>" for x in lines)
     return Story(result={**res.to_dict(), "experiment_run": str(replay_dir),
-                         "advice": [a.to_dict() for a in advice]},
-                 html_sections=(("Isolation experiment (slow data)", body),))
+                         "advice": [a.to_dict() for a in advice]})

@@ -55,12 +55,22 @@ from .common import emit_json
                    "megatron-2022 (those with an attention term need model.config's shape), "
                    "counted (forward FLOPs counted on the model x 3; the default when no "
                    "token ids are seen, e.g. CNNs and MLPs).")
+@click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False),
+              default=None, metavar="DIR",
+              help="Also write the per-step series live to TensorBoard event files in DIR "
+                   "(one per rank; `stepscope export` adds the job-level series after).")
+@click.option("--mlflow", "mlflow_uri", default=None, metavar="URI",
+              help="Also log the per-step series live to an MLflow run at this tracking "
+                   "URI (e.g. sqlite:///mlflow.db), written by rank 0.")
+@click.option("--mlflow-experiment", default="stepscope", show_default=True,
+              help="MLflow experiment of --mlflow (created if absent).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: int,
             tokens_per_step: float | None, samples_per_step: float | None,
             cross_rank_every: int | None, flops_convention: str | None, grace_s: float,
-            alerts_file: str | None, metrics_port: int | None, as_json: bool,
+            alerts_file: str | None, metrics_port: int | None, tensorboard_dir: str | None,
+            mlflow_uri: str | None, mlflow_experiment: str, as_json: bool,
             command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with per-step recording of every rank.
 
@@ -91,6 +101,7 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
         from ..alerts.launch import live_env  # start-up time: only when alerts are asked for
 
         env.update(live_env(alerts_file, metrics_port))
+    env.update(_export_env(tensorboard_dir, mlflow_uri, mlflow_experiment))
     outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env,
                      grace_s=grace_s)
     if env.get("STEPSCOPE_ALERTS"):  # the launcher outlives a killed trainer: send its rest
@@ -111,6 +122,24 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
             click.echo(f"stepscope: profile {outcome.profile_analysis.get('status')}: "
                        f"{outcome.profile_dir}", err=True)
     sys.exit(outcome.returncode if outcome.returncode >= 0 else 128 - outcome.returncode)
+
+
+def _export_env(tensorboard_dir: str | None, mlflow_uri: str | None,
+                experiment: str) -> dict[str, str]:
+    """The live export's variables for the children; a missing library is an error here,
+    before training starts, not a warning inside it."""
+    from .._live_env import MLFLOW_ENV, MLFLOW_EXPERIMENT_ENV, TENSORBOARD_ENV
+    from ..report.export import require_library
+
+    env: dict[str, str] = {}
+    if tensorboard_dir:
+        require_library("tensorboard")
+        env[TENSORBOARD_ENV] = str(Path(tensorboard_dir).resolve())
+    if mlflow_uri:
+        require_library("mlflow")
+        env[MLFLOW_ENV] = mlflow_uri
+        env[MLFLOW_EXPERIMENT_ENV] = experiment
+    return env
 
 
 def _analyze_profile(run_dir: Path, prof_dir: Path, steps: str | None) -> dict[str, Any]:

@@ -11,9 +11,8 @@ from ..analysis.findings import Finding, severity_rank
 from ..analysis.flopsconv import with_flops_convention
 from ..analysis.profile_split import wants_profile, with_profile_split
 from ..analysis.summary import Sheet, summarize
-from ..report.html import render_html
-from ..report.profile_view import profile_html
-from ..report.serve_data import latest_profile
+from ..report.offline import render_offline
+from ..report.serve_data import latest_profile, run_doc, series_doc
 from ..schema import RunMeta, StepTable
 from ..store import ReadStats, RunDir
 from .common import load_steps, note_event_problems
@@ -71,15 +70,22 @@ def load_run(path: str | Path, flops_convention: str | None = None) -> LoadedRun
     return LoadedRun(rs.run, meta, rs.table, rs.stats, sheet, findings, events, profile)
 
 
-def write_html(loaded: LoadedRun, out: Path | None = None,
-               sections: tuple[tuple[str, str], ...] = ()) -> Path:
-    """Render the report and have the store write it (RUN/report.html, or ``out``)."""
-    profile = profile_html(loaded.profile if loaded.profile is not None
-                           else latest_profile(loaded.run))
-    if profile:
-        sections = (*sections, ("Latest profile", profile))
-    text = render_html(loaded.sheet, loaded.meta, loaded.table, loaded.findings, sections)
-    return loaded.run.write_report(text, out)
+# Points per chart series embedded in report.html (min/max envelopes past it): a chart is
+# ~500-1,400 px wide, so 4,000 keeps every pixel's extremes and the file a few MB at most.
+REPORT_POINTS = 4000
+
+
+def write_html(loaded: LoadedRun, out: Path | None = None) -> Path:
+    """Render the offline run page (report/offline.py) and have the store write it
+    (RUN/report.html, or ``out``)."""
+    name = loaded.run.path.name
+    doc = run_doc(name, loaded.run, loaded.table, loaded.meta, loaded.sheet,
+                  loaded.stats.problems, loaded.findings, loaded.stats)
+    if loaded.profile is not None:  # a capture analysed on demand for the breakdown
+        doc["profile"] = loaded.profile
+    series = series_doc(name, loaded.table, loaded.sheet, loaded.meta,
+                        max_points=REPORT_POINTS)
+    return loaded.run.write_report(render_offline(doc, series), out)
 
 
 def sheet_json(loaded: LoadedRun) -> dict[str, Any]:

@@ -37,7 +37,8 @@ from ..analysis.summary import Sheet
 from ..errors import ConfigError
 from ..schema import AnyArray, RunMeta, StepTable
 
-__all__ = ["TARGETS", "Exported", "step_series", "export_run", "export_table"]
+__all__ = ["TARGETS", "Exported", "step_series", "export_run", "export_table", "require_library",
+           "baseline_params", "mlflow_status"]
 
 TARGETS: tuple[str, ...] = ("tensorboard", "mlflow", "csv", "parquet")
 _PACKAGES = {"tensorboard": "tensorboardX", "mlflow": "mlflow", "parquet": "pyarrow"}
@@ -64,7 +65,7 @@ class Exported:
                 "points": self.points, "rows": self.rows, "notes": list(self.notes)}
 
 
-def _require(target: str) -> ModuleType:
+def require_library(target: str) -> ModuleType:
     name = _PACKAGES[target]
     try:
         return importlib.import_module(name)
@@ -80,7 +81,7 @@ def _wall_times(table: StepTable) -> dict[int, float]:
     return {int(s): float(w) for s, w in zip(steps, wall, strict=True)}
 
 
-def _params(meta: RunMeta) -> dict[str, str]:
+def baseline_params(meta: RunMeta) -> dict[str, str]:
     flat: dict[str, str] = {}
     for section in ("baseline", "config"):
         for key, value in sorted((getattr(meta, section) or {}).items()):
@@ -120,7 +121,7 @@ def _points(series: dict[str, tuple[AnyArray, AnyArray]]
 
 def _to_tensorboard(table: StepTable, meta: RunMeta, sheet: Sheet | None,
                     findings: Sequence[Finding], dest: Path, result: Exported) -> None:
-    tbx = _require("tensorboard")
+    tbx = require_library("tensorboard")
     series = step_series(table)
     wall = _wall_times(table)
     writer = tbx.SummaryWriter(logdir=str(dest))
@@ -132,7 +133,7 @@ def _to_tensorboard(table: StepTable, meta: RunMeta, sheet: Sheet | None,
         for tag, value in _summary_metrics(sheet).items():
             writer.add_scalar(tag, value, global_step=last)
             result.points += 1
-        lines = [f"| {k} | {v} |" for k, v in _params(meta).items()]
+        lines = [f"| {k} | {v} |" for k, v in baseline_params(meta).items()]
         writer.add_text("run", "\n".join(
             [f"stepscope run `{meta.name or meta.run_id}` ({meta.status})", "",
              "| variable | value |", "|---|---|", *lines]), global_step=0)
@@ -142,14 +143,14 @@ def _to_tensorboard(table: StepTable, meta: RunMeta, sheet: Sheet | None,
     result.series = len(series)
 
 
-def _mlflow_status(status: str) -> str:
+def mlflow_status(status: str) -> str:
     return {"finished": "FINISHED", "failed": "FAILED", "running": "RUNNING"}.get(status,
                                                                                  "KILLED")
 
 
 def _to_mlflow(table: StepTable, meta: RunMeta, sheet: Sheet | None,
                findings: Sequence[Finding], uri: str, experiment: str, result: Exported) -> None:
-    mlflow = _require("mlflow")
+    mlflow = require_library("mlflow")
     from mlflow.entities import Metric, Param, RunTag  # the mlflow package, checked above
 
     client = mlflow.MlflowClient(tracking_uri=uri)
@@ -166,7 +167,7 @@ def _to_mlflow(table: StepTable, meta: RunMeta, sheet: Sheet | None,
                       step) for tag, step, value in _points(series)]
     last = int(table["step"].max())
     metrics += [Metric(k, v, fallback_ms, last) for k, v in _summary_metrics(sheet).items()]
-    params = [Param(k, v) for k, v in _params(meta).items()]
+    params = [Param(k, v) for k, v in baseline_params(meta).items()]
     # A tag, not an artifact: artifacts of a SQLite-backed store land in the current
     # directory (./mlruns), which is not the user's to write into.
     tags = [RunTag("stepscope.command", " ".join(meta.command or [])[:_PARAM_CHARS]),
@@ -174,7 +175,7 @@ def _to_mlflow(table: StepTable, meta: RunMeta, sheet: Sheet | None,
     client.log_batch(rid, params=params, tags=tags)
     for i in range(0, len(metrics), _MLFLOW_BATCH):
         client.log_batch(rid, metrics=metrics[i:i + _MLFLOW_BATCH])
-    client.set_terminated(rid, status=_mlflow_status(meta.status or ""))
+    client.set_terminated(rid, status=mlflow_status(meta.status or ""))
     result.series, result.points = len(series), len(metrics)
     result.destination = f"{uri} (experiment {experiment!r}, run {rid})"
 
@@ -193,7 +194,7 @@ def export_table(table: StepTable, meta: RunMeta, target: str, dest: Path) -> in
             for row in zip(*(table[c].tolist() for c in cols), strict=True):
                 w.writerow([_cell(v) for v in row])
         return len(table)
-    pa = _require("parquet")
+    pa = require_library("parquet")
     import pyarrow.parquet as pq  # the pyarrow package, checked above
 
     arrow = pa.table({c: table[c] for c in cols})
@@ -217,12 +218,12 @@ def export_run(table: StepTable, meta: RunMeta, sheet: Sheet | None, target: str
         return result
     dest = Path(destination)
     if target == "tensorboard":
-        _require("tensorboard")
+        require_library("tensorboard")
         dest.mkdir(parents=True, exist_ok=True)
         _to_tensorboard(table, meta, sheet, findings, dest, result)
     else:
         if target == "parquet":
-            _require("parquet")
+            require_library("parquet")
         dest.parent.mkdir(parents=True, exist_ok=True)
         result.rows = export_table(table, meta, target, dest)
     if len(table.ranks()) > MAX_RANK_SERIES and target == "tensorboard":

@@ -13,12 +13,15 @@ Example::
 
 from __future__ import annotations
 
+import html as _html
 from importlib import resources
 from typing import Any
 
 import orjson
 
-__all__ = ["render_offline", "OFFLINE_CSP"]
+__all__ = ["render_offline", "embedded_data", "OFFLINE_CSP", "DATA_ID"]
+
+DATA_ID = "stepscope-data"
 
 # No source but the file itself: scripts and styles inline, images as data: URIs.
 OFFLINE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -37,6 +40,9 @@ def _inline_script(text: str) -> str:
 def render_offline(run: dict[str, Any], series: dict[str, Any]) -> str:
     """One HTML file holding the run page and its data (see the module docstring)."""
     page = _asset("dashboard.html")
+    meta = run.get("meta") or {}
+    title = _html.escape(f"stepscope — {meta.get('name') or meta.get('run_id') or 'run'}")
+    page = page.replace("<title>stepscope</title>", f"<title>{title}</title>")
     data = orjson.dumps({"run": run, "series": series},
                         option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
                         default=str).decode()
@@ -47,7 +53,22 @@ def render_offline(run: dict[str, Any], series: dict[str, Any]) -> str:
     page = page.replace('<link rel="stylesheet" href="/assets/dashboard.css">', "")
     page = page.replace('<script src="/assets/uPlot.iife.min.js"></script>',
                         _inline_script(_asset("uPlot.iife.min.js")))
+    for name in ("charts.js", "views.js"):
+        page = page.replace(f'<script src="/assets/{name}"></script>',
+                            _inline_script(_asset(name)))
+    # Data, not code: a JSON element the script parses (JSON.parse, no eval), which a
+    # reader can also pull out of the file (``embedded_data``).
     page = page.replace('<script src="/assets/dashboard.js"></script>',
-                        _inline_script(f"window.STEPSCOPE_DATA = {data};")
+                        f'<script type="application/json" id="{DATA_ID}">{data}</script>'
                         + _inline_script(_asset("dashboard.js")))
     return page
+
+
+def embedded_data(html: str) -> dict[str, Any]:
+    """The ``{"run": ..., "series": ...}`` documents a report written here embeds."""
+    start = html.find(f'id="{DATA_ID}">')
+    if start < 0:
+        raise ValueError("not a stepscope report: no embedded data element")
+    start = html.index(">", start) + 1
+    doc: dict[str, Any] = orjson.loads(html[start:html.index("</script>", start)])
+    return doc

@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..analysis.summary import Sheet
+from .fmt import fmt_num, fmt_pct
 
-__all__ = ["REGIME_HEADER", "regime_rows", "conditions_line", "headline_note"]
+__all__ = ["REGIME_HEADER", "regime_rows", "conditions_line", "headline_note", "sheet_text"]
 
 REGIME_HEADER = ("regime", "steps", "step time", "tokens/s", "CPU/wall", "cause")
 
@@ -76,3 +77,11 @@ def headline_note(sheet: Sheet) -> str:
     if len(sheet.regimes) >= 2 and sheet.steady_regime:
         return f"steady-state regime {sheet.steady_regime} of {len(sheet.regimes)}"
     return "steady state"
+
+
+def sheet_text(sheet: Sheet) -> dict[str, Any]:
+    """The sheet's text as the terminal prints it, for the web page (one definition of how
+    a headline number reads, so the progress bar, terminal and report.html show the same)."""
+    return {"tokens_per_s": fmt_num(sheet.tokens_per_s), "mfu": fmt_pct(sheet.mfu),
+            "headline_note": headline_note(sheet), "conditions": conditions_line(sheet),
+            "regime_header": list(REGIME_HEADER), "regime_rows": regime_rows(sheet)}

@@ -7,7 +7,7 @@ air-gapped cluster) and a small JSON API the page polls while a run is live:
     GET /api/runs?where=EXPR&where=EXPR&sort=-mfu&q=TEXT   run list (the index)
     GET /api/run?path=REL[&findings=0]                       sheet, findings, events, profile
     GET /api/findings?path=REL                               diagnose's findings
-    GET /api/series?path=REL&max_points=N                    per-step series for the charts
+    GET /api/series?path=REL&max_points=N[&steps=A:B|A:]     per-step series for the charts
     GET /api/compare?a=REL&b=REL                             the A/B verdict
 
 Example::
@@ -40,6 +40,8 @@ __all__ = ["make_server", "DashboardServer", "ASSETS"]
 ASSETS = {
     "dashboard.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
+    "charts.js": "text/javascript; charset=utf-8",
+    "views.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
     "uPlot.iife.min.js": "text/javascript; charset=utf-8",
     "uPlot.min.css": "text/css; charset=utf-8",
@@ -150,14 +152,15 @@ class _Handler(BaseHTTPRequestHandler):
                        {"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _window(text: str | None) -> tuple[int, int] | None:
-    """``steps=FIRST:LAST`` (inclusive, the zoomed window) or None for the whole run."""
+def _window(text: str | None) -> tuple[int, int | None] | None:
+    """``steps=FIRST:LAST`` (inclusive, the zoomed window; ``FIRST:`` runs to the newest
+    step, a window that follows a live run) or None for the whole run."""
     if not text:
         return None
     lo, sep, hi = text.partition(":")
     if not sep:
-        raise ValueError(f"steps={text!r}: expected FIRST:LAST")
-    return int(lo), int(hi)
+        raise ValueError(f"steps={text!r}: expected FIRST:LAST or FIRST:")
+    return int(lo), (int(hi) if hi.strip() else None)
 
 
 def is_loopback(host: str) -> bool:
@@ -170,10 +173,13 @@ def is_loopback(host: str) -> bool:
 
 
 def make_server(root: str, host: str = "127.0.0.1", port: int = 8765,
-                refresh_s: float = 2.0, token: str | None = None) -> DashboardServer:
+                refresh_s: float = 2.0, token: str | None = None,
+                index_wait_s: float = 0.25) -> DashboardServer:
     """A ready (bound, not yet serving) dashboard server over ``root``. Any host but a
-    loopback address gets a token (generated unless given) that every request must carry."""
-    board = Dashboard(root, refresh_s=refresh_s)
+    loopback address gets a token (generated unless given) that every request must carry.
+    ``index_wait_s``: how long a request waits for the index before it answers with what
+    is known (serve_index.RunList)."""
+    board = Dashboard(root, refresh_s=refresh_s, index_wait_s=index_wait_s)
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(18)
     try:

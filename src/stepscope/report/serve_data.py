@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,9 +32,12 @@ from ..analysis.findings import Finding
 from ..analysis.series import by_step, envelope, phase_stack, rank_heatmap, step_series
 from ..analysis.summary import Sheet, summarize
 from ..errors import RunDirError, StepscopeError
-from ..index import INDEX_FILE, build_index, query_index
+from ..index import INDEX_FILE
 from ..schema import AnyArray, RunMeta, StepTable
-from ..store import RunDir
+from ..store import ReadStats, RunDir
+from .fleet import fleet_matrix, slowest_ranks
+from .regimes_view import sheet_text
+from .serve_index import RunList
 
 __all__ = ["Dashboard", "NotFound", "series_doc", "run_doc", "latest_profile"]
 
@@ -56,11 +58,17 @@ class _Loaded:
     sheet: Sheet
     problems: list[str]
     skipped: int
+    read: ReadStats
     findings: list[Finding] | None = None  # diagnosed on first request (the slow part)
 
 
 def _floats(a: AnyArray) -> list[float | None]:
-    return [None if not math.isfinite(v) else v for v in a.astype(np.float64).tolist()]
+    """JSON-ready floats, None where not finite (one tolist, then only the gaps patched)."""
+    a = np.asarray(a, dtype=np.float64)
+    out: list[float | None] = a.tolist()
+    for i in np.flatnonzero(~np.isfinite(a)).tolist():
+        out[i] = None
+    return out
 
 
 def _dir_signature(path: Path) -> tuple[float, int]:
@@ -78,7 +86,8 @@ def _dir_signature(path: Path) -> tuple[float, int]:
 class Dashboard:
     """Index-backed view of ROOT for the web app (thread-safe; see the module docstring)."""
 
-    def __init__(self, root: str | Path, refresh_s: float = 2.0) -> None:
+    def __init__(self, root: str | Path, refresh_s: float = 2.0, index_wait_s: float = 0.25
+                 ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise RunDirError(f"{self.root} is not a directory; pass the folder that holds "
@@ -86,40 +95,34 @@ class Dashboard:
         self.db = self.root / INDEX_FILE
         self.refresh_s = refresh_s
         self._lock = threading.Lock()
-        self._indexed_at = -math.inf
-        self._skipped: list[dict[str, str]] = []
-        self._known: set[str] = set()
+        # The index, refreshed off the request; a request waits index_wait_s at most.
+        self._runs = RunList(self.root, refresh_s, index_wait_s)
         self._cache: OrderedDict[str, _Loaded] = OrderedDict()
         # One loader per run at a time: the page asks for a run's sheet and series at once,
         # and the second request should wait for the first read, not read it again.
         self._loading: dict[str, threading.Lock] = {}
+        # Diagnosing (seconds on a long run) has a lock of its own: a page opened meanwhile
+        # must not wait for the findings of the one before to load its charts.
+        self._diagnosing: dict[str, threading.Lock] = {}
 
     # -- the run list ------------------------------------------------------------------
-    def _refresh(self) -> None:
-        with self._lock:
-            if time.monotonic() - self._indexed_at < self.refresh_s:
-                return
-            result = build_index(self.root, self.db)
-            self._skipped = [{"path": s.path, "reason": s.reason} for s in result.skipped]
-            self._known = {r["path"] for r in query_index(self.db)}
-            self._indexed_at = time.monotonic()
-
     def runs(self, where: Sequence[str] = (), sort: str | None = None, q: str = ""
              ) -> dict[str, Any]:
-        """Index rows matching ``where`` (the ``index --where`` language) and the text ``q``."""
-        self._refresh()
-        rows = query_index(self.db, [w for w in where if w.strip()], sort=sort or None)
+        """Index rows matching ``where`` (the ``index --where`` language) and the text ``q``
+        (``indexing``: the first index is not built yet, the rows are ``pending``: no
+        numbers, listed from run.json)."""
+        rows, skipped, indexing = self._runs.rows(where, sort)
         needle = q.strip().lower()
         if needle:
             rows = [r for r in rows if any(needle in str(r.get(k) or "").lower()
                                            for k in ("path", "name", "run_id", "model_name"))]
         for r in rows:
-            r["valid"] = bool(r.get("steps"))
-        return {"root": str(self.root), "runs": rows, "skipped": list(self._skipped)}
+            r["valid"] = bool(r.get("steps")) or bool(r.get("pending"))
+        return {"root": str(self.root), "runs": rows, "skipped": skipped,
+                "indexing": indexing}
 
     def _path_of(self, rel: str) -> Path:
-        self._refresh()
-        if rel not in self._known:
+        if not self._runs.known(rel):
             raise NotFound(f"no run {rel!r} under {self.root}")
         return self.root if rel == "." else self.root / rel
 
@@ -143,7 +146,7 @@ class Dashboard:
         table, stats = run.read_steps()
         sheet = summarize(table, meta, skipped_records=stats.skipped,
                           conditions=run.read_conditions())
-        loaded = _Loaded(sig, meta, table, sheet, list(stats.problems), stats.skipped)
+        loaded = _Loaded(sig, meta, table, sheet, list(stats.problems), stats.skipped, stats)
         with self._lock:
             self._cache[rel] = loaded
             while len(self._cache) > _CACHE_RUNS:
@@ -157,7 +160,7 @@ class Dashboard:
         run = RunDir.open(self._path_of(rel))
         findings = self._findings(rel, loaded, run) if with_findings else []
         return run_doc(rel, run, loaded.table, loaded.meta, loaded.sheet, loaded.problems,
-                       findings)
+                       findings, loaded.read)
 
     def findings(self, rel: str) -> dict[str, Any]:
         """diagnose's findings of one run (cached with the loaded run)."""
@@ -166,7 +169,9 @@ class Dashboard:
         return {"path": rel, "findings": [f.to_dict() for f in found]}
 
     def _findings(self, rel: str, loaded: _Loaded, run: RunDir) -> list[Finding]:
-        with self._loading.setdefault(rel, threading.Lock()):
+        with self._lock:
+            gate = self._diagnosing.setdefault(rel, threading.Lock())
+        with gate:
             if loaded.findings is None:
                 events, _ = run.read_events()
                 loaded.findings = (diagnose(loaded.table, loaded.meta, events=events,
@@ -175,10 +180,11 @@ class Dashboard:
             return loaded.findings
 
     def series(self, rel: str, max_points: int = 2000, heat_cols: int = 600,
-               steps: tuple[int, int] | None = None) -> dict[str, Any]:
+               steps: tuple[int, int | None] | None = None) -> dict[str, Any]:
         """Per-step series (min/max envelopes past ``max_points``), x axes, phases, heatmap;
         ``steps`` = (first, last) inclusive narrows them to a zoomed window, so a zoom shows
-        the window at full resolution rather than the whole run's bins."""
+        the window at full resolution rather than the whole run's bins (last None: up to
+        the newest step)."""
         loaded = self._load(rel)
         return series_doc(rel, loaded.table, loaded.sheet, loaded.meta, max_points, heat_cols,
                           steps)
@@ -195,9 +201,10 @@ class Dashboard:
 
 
 def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet,
-            problems: Sequence[str], findings: Sequence[Finding] | None = None
-            ) -> dict[str, Any]:
-    """The run page's document: sheet, findings, shown events, identity, latest profile."""
+            problems: Sequence[str], findings: Sequence[Finding] | None = None,
+            read: ReadStats | None = None) -> dict[str, Any]:
+    """The run page's document: sheet, findings, shown events, identity, latest profile,
+    the sheet's text as the terminal shows it, and what the reader skipped (``read``)."""
     events, _ = run.read_events()
     shown = [e for e in events if e.get("type") in _SHOWN_EVENTS]
     if findings is None:
@@ -205,14 +212,20 @@ def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet
                              conditions=run.read_conditions()).findings if len(table) else [])
     return {"path": rel, "meta": meta.to_dict(), "sheet": sheet.to_dict(),
             "findings": [f.to_dict() for f in findings], "events": shown[-200:],
-            "read_problems": list(problems), "profile": latest_profile(run)}
+            "read_problems": list(problems), "profile": latest_profile(run),
+            "text": sheet_text(sheet),
+            "read": {**read.to_dict(), "summary": read.summary()} if read else None}
 
 
 def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_points: int = 2000,
-               heat_cols: int = 600, steps: tuple[int, int] | None = None) -> dict[str, Any]:
+               heat_cols: int = 600, steps: tuple[int, int | None] | None = None
+               ) -> dict[str, Any]:
     """The chart document of one run (also embedded in the offline HTML report)."""
     if steps is not None:
-        table = table.select((table["step"] >= steps[0]) & (table["step"] <= steps[1]))
+        keep = table["step"] >= steps[0]
+        if steps[1] is not None:
+            keep &= table["step"] <= steps[1]
+        table = table.select(keep)
     series = step_series(table)
     if sheet.mfu and sheet.tokens_per_s and "efficiency/tokens_per_s" in series:
         # MFU is proportional to tokens/s (MFU = tokens/s x FLOPs/token / (devices x
@@ -221,10 +234,13 @@ def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_poin
         series["efficiency/mfu"] = (s, tps * (sheet.mfu / sheet.tokens_per_s))
     out: dict[str, Any] = {}
     for tag, (at, vals) in series.items():
+        if tag.startswith("ranks/"):
+            continue  # the page draws ranks as the fleet's bands and the heatmap
         s, lo, hi = envelope(at, vals, max_points)
         out[tag] = {"steps": s.tolist(), "lo": _floats(lo), "hi": _floats(hi)}
     return {"path": rel, "series": out, "x": _x_axes(table, series),
-            "phases": _phases(table), "heatmap": _heatmap(table, heat_cols),
+            "phases": _phases(table, max_points), "heatmap": _heatmap(table, heat_cols),
+            "fleet": _fleet(table, heat_cols),
             "warmup_steps": sheet.warmup_steps, "status": meta.status,
             "window": list(steps) if steps else None}
 
@@ -241,8 +257,18 @@ def _x_axes(table: StepTable, series: dict[str, tuple[AnyArray, AnyArray]]) -> d
     return out
 
 
-def _phases(table: StepTable) -> dict[str, Any]:
-    steps, cols = phase_stack(table) if len(table) else (np.zeros(0), {})
+def _phases(table: StepTable, max_points: int) -> dict[str, Any]:
+    """The stacked phase split per step; past ``max_points`` steps, the mean of each bin of
+    consecutive steps (means stack: the bins' parts still add up to their step time)."""
+    steps, cols = phase_stack(table) if len(table) else (np.zeros(0, dtype=np.int64), {})
+    n = len(steps)
+    if n > max_points:
+        b = np.arange(n) * max_points // n
+        counts = np.bincount(b, minlength=max_points)
+        starts = np.searchsorted(b, np.arange(max_points))
+        steps = steps[starts]
+        cols = {k: np.bincount(b, weights=v, minlength=max_points) / counts
+                for k, v in cols.items()}
     return {"steps": steps.tolist(), "cols": {k: _floats(v) for k, v in cols.items()}}
 
 
@@ -251,6 +277,25 @@ def _heatmap(table: StepTable, cols: int) -> dict[str, Any]:
     return {"column": grid.column, "ranks": grid.ranks, "steps": grid.bin_start_steps,
             "median": None if math.isnan(grid.median) else grid.median,
             "values": [_floats(row) for row in grid.values]}
+
+
+# Ranks named as the slowest beside the fleet chart.
+_SLOWEST_NAMED = 5
+
+
+def _fleet(table: StepTable, cols: int) -> dict[str, Any] | None:
+    """Step time across ranks per step bin: min, 10%, median, 90%, max over the ranks' bin
+    means, and the slowest ranks (their median over the fleet's); None for one rank."""
+    if not len(table) or np.unique(table["rank"]).size < 2 \
+            or not table.has_data("step_time_s"):
+        return None
+    m = fleet_matrix(table, "step_time_s", max_bins=cols)
+    q = m.quantiles((0.0, 10.0, 50.0, 90.0, 100.0))
+    out: dict[str, Any] = {"ranks": int(m.ranks.size), "steps": m.steps.tolist()}
+    for name, row in zip(("min", "p10", "median", "p90", "max"), q, strict=True):
+        out[name] = _floats(row)
+    out["slowest"] = [[r, x] for r, x in slowest_ranks(m, _SLOWEST_NAMED)]
+    return out
 
 
 def latest_profile(run: RunDir) -> dict[str, Any] | None:

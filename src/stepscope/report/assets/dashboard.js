@@ -1,12 +1,9 @@
 /* stepscope dashboard: runs table, run page, A/B page. Plain JS + uPlot (vendored). */
 "use strict";
 
-const $ = (sel, el = document) => el.querySelector(sel);
-const app = () => $("#app");
-const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
-  (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
-/* Offline report: the documents are embedded (window.STEPSCOPE_DATA) and there is no server. */
-const OFFLINE = window.STEPSCOPE_DATA || null;
+/* Offline report: the documents are embedded (a JSON element) and there is no server. */
+const OFFLINE = (() => { const el = document.getElementById("stepscope-data");
+  return el ? JSON.parse(el.textContent) : null; })();
 const TOKEN = new URLSearchParams(location.search).get("token");
 const api = async (path, params = {}) => {
   if (OFFLINE) {
@@ -25,22 +22,7 @@ const api = async (path, params = {}) => {
   return doc;
 };
 
-/* ---- number formats for people: 12,730 tokens/s, 41.2%, 3.1 GiB ---- */
-function num(v, digits = 3) {
-  if (v === null || v === undefined || !isFinite(v)) return "–";
-  const a = Math.abs(v);
-  if (a >= 1000) return Math.round(v).toLocaleString("en-US");
-  if (a >= 100) return v.toFixed(1);
-  if (a === 0) return "0";
-  return Number(v.toPrecision(digits)).toString();
-}
-const pct = (v) => (v === null || v === undefined || !isFinite(v) ? "–" : (100 * v).toFixed(1) + "%");
-const gib = (b) => (b === null || b === undefined || !isFinite(b) ? "–" : (b / 2 ** 30).toFixed(2) + " GiB");
-const secs = (s) => (s === null || s === undefined || !isFinite(s) ? "–" :
-  s >= 1 ? s.toFixed(3) + " s" : (1000 * s).toFixed(2) + " ms");
-
 let timers = [];
-let charts = [];
 function clearPage() {
   timers.forEach(clearInterval); timers = [];
   charts.forEach((c) => c.destroy()); charts = [];
@@ -106,7 +88,8 @@ async function loadRuns() {
       <td><input type="checkbox" data-p="${esc(r.path)}" ${listState.selected.has(r.path) ? "checked" : ""}></td>` +
     RUN_COLS.map(([, , f, n]) => `<td class="${n ? "num" : ""}">${f(r)}</td>`).join("") + "</tr>");
   $("#runs").innerHTML = head + rows.join("");
-  $("#count").textContent = `${doc.runs.length} run(s) under ${doc.root}`;
+  $("#count").textContent = `${doc.runs.length} run(s) under ${doc.root}` +
+    (doc.indexing ? " · indexing: the numbers fill in as the runs are read" : "");
   $("#runs").querySelectorAll("th[data-k]").forEach((th) => th.addEventListener("click", () => {
     const k = th.dataset.k;
     listState.sort = listState.sort === "-" + k ? k : "-" + k;
@@ -121,111 +104,13 @@ async function loadRuns() {
     doc.skipped.map((s) => `<li><b>${esc(s.path)}</b>: ${esc(s.reason)}</li>`).join("") + "</ul>" : "";
 }
 
-/* ================================ charts ================================ */
-const SEV_COLOR = { critical: "#c62828", warning: "#d98a00", info: "#2a6bb3" };
-const COLORS = ["#2a6bb3", "#d9480f", "#2e7d32", "#7048e8", "#c2255c", "#0b7285"];
-
-function ema(values, alpha) {
-  if (!alpha) return values;
-  let acc = null;
-  return values.map((v) => (v === null ? acc : (acc = acc === null ? v : alpha * acc + (1 - alpha) * v)));
-}
-
-/* x values for a series' steps under the chosen axis (step, tokens seen, wall seconds) */
-function xFor(steps, axis, x) {
-  if (axis === "step" || !x[axis]) return steps;
-  const m = new Map(x[axis].steps.map((s, i) => [s, x[axis].value[i]]));
-  return steps.map((s) => (m.has(s) ? m.get(s) : null));
-}
-
-function markerHook(marks, warmup, axisSteps) {
-  return {
-    drawClear: [(u) => {
-      if (!warmup) return;
-      const x1 = u.valToPos(axisSteps(warmup), "x", true);
-      const x0 = u.bbox.left;
-      if (!isFinite(x1) || x1 <= x0) return;
-      u.ctx.save(); u.ctx.fillStyle = "rgba(120,130,140,0.12)";
-      u.ctx.fillRect(x0, u.bbox.top, Math.min(x1, u.bbox.left + u.bbox.width) - x0, u.bbox.height);
-      u.ctx.restore();
-    }],
-    draw: [(u) => {
-      u.ctx.save();
-      for (const m of marks) {
-        const px = u.valToPos(axisSteps(m.step), "x", true);
-        if (!isFinite(px) || px < u.bbox.left || px > u.bbox.left + u.bbox.width) continue;
-        u.ctx.strokeStyle = SEV_COLOR[m.severity] || "#888"; u.ctx.lineWidth = 2;
-        u.ctx.setLineDash([4, 3]);
-        u.ctx.beginPath(); u.ctx.moveTo(px, u.bbox.top); u.ctx.lineTo(px, u.bbox.top + u.bbox.height);
-        u.ctx.stroke();
-      }
-      u.ctx.restore();
-    }],
-  };
-}
-
-/* one chart: lines = [{label, steps, hi, lo?}], smoothed copies drawn over faint raw ones */
-function lineChart(el, title, lines, opts) {
-  const { axis, x, smooth, marks, warmup, unit = "", fromZero = false, fmt = num, fill = false,
-          yLabel = "", onZoom = null } = opts;
-  const wrap = document.createElement("div");
-  wrap.className = "chart";
-  wrap.innerHTML = `<div class="title">${esc(title)}</div>`;
-  el.appendChild(wrap);
-  const allSteps = [...new Set(lines.flatMap((l) => l.steps))].sort((a, b) => a - b);
-  const idx = new Map(allSteps.map((s, i) => [s, i]));
-  const xs = xFor(allSteps, axis, x);
-  const keep = xs.map((v) => v !== null);
-  const data = [xs.filter((_, i) => keep[i])];
-  const series = [{ label: axis === "step" ? "step" : axis === "tokens" ? "tokens" : "wall s" }];
-  const bands = [];
-  lines.forEach((l, k) => {
-    const col = COLORS[k % COLORS.length];
-    const raw = new Array(allSteps.length).fill(null);
-    const lo = new Array(allSteps.length).fill(null);
-    l.steps.forEach((s, i) => { raw[idx.get(s)] = l.hi[i]; lo[idx.get(s)] = (l.lo || l.hi)[i]; });
-    const f = (arr) => arr.filter((_, i) => keep[i]);
-    const hasBand = l.lo && l.lo.some((v, i) => v !== l.hi[i]);
-    if (hasBand) {
-      data.push(f(lo));
-      series.push({ label: `${l.label} (bin min)`, stroke: col + "55", width: 1, value: (u, v) => fmt(v) + unit });
-      bands.push({ series: [data.length, data.length - 1], fill: col + "22" });
-    }
-    data.push(f(raw));
-    series.push({ label: smooth ? `${l.label} (raw)` : l.label, stroke: smooth ? col + "66" : col,
-                  width: smooth ? 1 : 1.5, value: (u, v) => fmt(v) + unit, spanGaps: true,
-                  ...(fill ? { fill: col + "33" } : {}) });
-    if (smooth) {
-      data.push(ema(f(raw), smooth));
-      series.push({ label: `${l.label} (smoothed)`, stroke: col, width: 2, value: (u, v) => fmt(v) + unit,
-                    spanGaps: true });
-    }
-  });
-  const stepToX = (s) => { const i = idx.get(s); return i === undefined ? s : xs[i] ?? s; };
-  const u = new uPlot({
-    width: Math.max(320, wrap.clientWidth - 16), height: 220,
-    cursor: { sync: { key: "run" }, drag: { x: true, y: false } },
-    scales: { x: { time: false }, y: fromZero ? { range: (u, mn, mx) => [0, mx > 0 ? mx * 1.05 : 1] } : {} },
-    axes: [{ label: axis === "step" ? "step" : axis === "tokens" ? "tokens seen" : "wall time (s)" },
-           { label: yLabel, size: 60, ...(opts.fmt ? { values: (u, ticks) => ticks.map((t) => fmt(t)) } : {}) }],
-    legend: { live: true },
-    series, bands,
-    hooks: { ...markerHook(marks || [], warmup, stepToX),
-             setSelect: [(u) => {
-               if (!onZoom || u.select.width < 2) return;
-               const lo = u.posToVal(u.select.left, "x"), hi = u.posToVal(u.select.left + u.select.width, "x");
-               onZoom(Math.floor(lo), Math.ceil(hi));
-             }] },
-  }, data, wrap);
-  charts.push(u);
-  return u;
-}
-
 /* ================================ run page ================================ */
 const runState = { axis: "step", smooth: 0 };
 
-function sheetCards(sheet, meta) {
-  const kv = (rows) => `<div class="kv">${rows.map(([k, v]) => `<span>${k}</span><span class="v">${v}</span>`).join("")}</div>`;
+function sheetCards(sheet, meta, text = {}) {
+  /* rows: [label, value] or [label, value, key]; a key names the value for readers (tests) */
+  const kv = (rows) => `<div class="kv">${rows.map(([k, v, key]) =>
+    `<span>${k}</span><span class="v"${key ? ` data-k="${key}"` : ""}>${v}</span>`).join("")}</div>`;
   const phases = Object.entries(sheet.phase_frac || {}).map(([k, v]) => `${esc(k)} ${pct(v)}`).join(" · ");
   return `<div class="cards">
     <div class="card"><h3>Result</h3>${kv([
@@ -233,15 +118,18 @@ function sheetCards(sheet, meta) {
       ["loss min", num(sheet.loss_min, 4)], ["perplexity", num(sheet.perplexity)],
       ["accuracy (last)", pct(sheet.accuracy_last)]])}</div>
     <div class="card"><h3>Efficiency</h3>${kv([
-      ["tokens/s", num(sheet.tokens_per_s)], ["samples/s", num(sheet.samples_per_s)],
+      ["tokens/s", esc(text.tokens_per_s ?? num(sheet.tokens_per_s)), "tokens_per_s"],
+      ["samples/s", num(sheet.samples_per_s)],
       ["step time (median / p90)", `${secs(sheet.step_time_s)} / ${secs(sheet.step_time_p90_s)}`],
-      ["MFU / HFU", `${pct(sheet.mfu)} / ${pct(sheet.hfu)}`]])}
+      ["MFU", esc(text.mfu ?? pct(sheet.mfu)), "mfu"], ["HFU", pct(sheet.hfu), "hfu"]])}
+      <div class="muted">${esc(text.headline_note || "steady state")}, all ranks</div>
       <div class="muted">${esc(sheet.mfu_note)}</div></div>
     <div class="card"><h3>System</h3>${kv([
       ["memory peak", gib(sheet.mem_peak_bytes)], ["data wait", pct(sheet.data_wait_frac)],
       ["communication (exposed)", `${pct(sheet.comm_frac)} (${pct(sheet.comm_exposed_frac)})`],
       ["steps / ranks / warm-up", `${num(sheet.steps)} / ${num(sheet.ranks)} / ${num(sheet.warmup_steps)}`]])}
       <div class="muted">${esc(sheet.mem_source)}</div>
+      <div id="conditions">conditions: ${esc(text.conditions || "not recorded")}</div>
       <div>${phases}</div><div class="muted">${esc(sheet.phase_source)}</div></div>
   </div>` + ((sheet.notes || []).length ? `<ul>${sheet.notes.map((n) => `<li>${esc(n)}</li>`).join("")}</ul>` : "");
 }
@@ -255,43 +143,10 @@ function findingsList(findings) {
     ${f.recommendation ? `<div class="muted">next: ${esc(f.recommendation)}</div>` : ""}</li>`).join("")}</ul>`;
 }
 
-function heatColor(ratio) {
-  if (ratio === null || !isFinite(ratio)) return [235, 238, 241];
-  const t = Math.max(-1, Math.min(1, Math.log2(ratio)));  // 0.5x .. 2x of the median
-  const lerp = (a, b, k) => Math.round(a + (b - a) * k);
-  return t < 0 ? [lerp(247, 59, -t), lerp(247, 111, -t), lerp(247, 182, -t)]
-               : [lerp(247, 198, t), lerp(247, 40, t), lerp(247, 40, t)];
-}
-
-function drawHeatmap(canvas, hm) {
-  const rows = hm.ranks.length, cols = hm.steps.length;
-  canvas.width = Math.max(cols, 1); canvas.height = Math.max(rows, 1);
-  canvas.style.height = Math.min(Math.max(rows * 6, 60), 420) + "px";
-  const ctx = canvas.getContext("2d");
-  const img = ctx.createImageData(canvas.width, canvas.height);
-  hm.values.forEach((row, r) => row.forEach((v, c) => {
-    const [R, G, B] = heatColor(v === null || !hm.median ? null : v / hm.median);
-    const o = 4 * (r * canvas.width + c);
-    img.data[o] = R; img.data[o + 1] = G; img.data[o + 2] = B; img.data[o + 3] = 255;
-  }));
-  ctx.putImageData(img, 0, 0);
-  const tip = $("#tip");
-  canvas.onmousemove = (e) => {
-    const b = canvas.getBoundingClientRect();
-    const c = Math.floor((e.clientX - b.left) / b.width * cols);
-    const r = Math.floor((e.clientY - b.top) / b.height * rows);
-    if (r < 0 || r >= rows || c < 0 || c >= cols) { tip.hidden = true; return; }
-    const v = hm.values[r][c];
-    tip.textContent = `rank ${hm.ranks[r]}, steps from ${hm.steps[c]}\nstep time ${secs(v)}` +
-      (v !== null && hm.median ? ` (${(v / hm.median).toFixed(2)}x median)` : "");
-    tip.style.left = e.clientX + 12 + "px"; tip.style.top = e.clientY + 12 + "px"; tip.hidden = false;
-  };
-  canvas.onmouseleave = () => { tip.hidden = true; };
-}
-
-function perRankTable(perRank) {
-  if (!perRank || perRank.length < 2) return '<p class="muted">One rank.</p>';
-  return `<table><tr><th>rank</th><th class="num">step time</th><th class="num">tokens/s</th>
+function perRankTable(ranks) {
+  if (!ranks || ranks.length < 2) return '<p class="muted">One rank.</p>';
+  const perRank = [...ranks].sort((a, b) => (b.step_time_s ?? -Infinity) - (a.step_time_s ?? -Infinity));
+  return `<table id="per-rank"><tr><th>rank</th><th class="num">step time</th><th class="num">tokens/s</th>
     <th class="num">data wait</th><th class="num">comm</th><th class="num">compute</th></tr>` + perRank.slice(0, 16).map((r) =>
     `<tr><td>${esc(r.rank)}</td><td class="num">${secs(r.step_time_s)}</td><td class="num">${num(r.tokens_per_s)}</td>
      <td class="num">${pct(r.data_wait_frac)}</td><td class="num">${pct(r.comm_frac)}</td>
@@ -299,22 +154,24 @@ function perRankTable(perRank) {
     (perRank.length > 16 ? `<tr><td colspan="6" class="muted">… ${perRank.length - 16} more ranks: see the heatmap</td></tr>` : "") + "</table>";
 }
 
-function profileBlock(p) {
+function profileBlock(p, events = []) {
   if (!p) return '<p class="muted">No profile captured (<code>stepscope run --profile-steps a:b</code>).</p>';
   const rep = p.report;
   if (!rep) return `<p>${esc(p.profile_dir)}: ${esc(p.status)}</p>`;
+  const ev = events.filter((e) => e.type === "profile" && String(e.dir || "").endsWith(p.profile_dir)).pop();
+  const window = ev && ev.steps ? `steps ${esc(ev.steps)} (both ends included), ` : "";
   const ranks = Object.entries(rep.ranks || {}).map(([r, d]) => `<tr><td>${esc(r)}</td>
     <td class="num">${num(d.compute_pct)}%</td><td class="num">${num(d.idle_pct)}%</td>
     <td class="num">${num(d.comm_comp_overlap_pct)}%</td><td class="num">${num((d.step_time_median_us || 0) / 1000)} ms</td>
     <td>${Object.entries(d.phase_means_us || {}).map(([k, v]) => `${esc(k)} ${num(v / 1000)} ms`).join(" · ")}</td></tr>`).join("");
-  const ops = (rep.top_ops || []).slice(0, 15).map((o) => `<tr><td title="${esc(o.name)}">${esc(o.name)}</td>
+  const ops = (rep.top_ops || []).slice(0, 15).map((o) => `<tr><td>${esc(o.op_type || "")}</td><td title="${esc(o.name)}">${esc(o.name)}</td>
     <td>${esc(o.kind)}</td><td class="num">${num(o.count)}</td><td class="num">${num(o.total_us / 1000)} ms</td>
     <td class="num">${num(o.share_pct)}%</td></tr>`).join("");
-  return `<p class="muted">${esc(p.profile_dir)} (${esc(p.status)})</p>
+  return `<p class="muted" id="profile-window">capture ${esc(p.profile_dir)}: ${window}mean per profiled step (${esc(p.status)})</p>
     <table><tr><th>rank</th><th class="num">compute</th><th class="num">idle</th><th class="num">overlap</th>
     <th class="num">step (median)</th><th>phases (mean)</th></tr>${ranks}</table>
     <h3 style="margin-top:10px">Top ops</h3>
-    <table><tr><th>op</th><th>kind</th><th class="num">calls</th><th class="num">total</th><th class="num">share</th></tr>${ops}</table>`;
+    <table><tr><th>type</th><th>op</th><th>kind</th><th class="num">calls</th><th class="num">total</th><th class="num">share</th></tr>${ops}</table>`;
 }
 
 function kvTable(obj) {
@@ -335,6 +192,7 @@ const CHARTS = [
 ];
 
 function drawRunCharts(doc, ser, onZoom = null) {
+  const regimes = shadedRegimes(doc.sheet);
   charts.forEach((c) => c.destroy()); charts = [];
   const el = $("#charts"); el.innerHTML = "";
   const marks = doc.findings.filter((f) => f.steps).map((f) => ({ step: f.steps[0], severity: f.severity }));
@@ -345,7 +203,18 @@ function drawRunCharts(doc, ser, onZoom = null) {
     const lines = tags.filter((t) => ser.series[t]).map((t) => ({ label: title, ...ser.series[t] }));
     if (!lines.length) continue;
     lineChart(el, title, lines, { axis: runState.axis, x: ser.x, smooth: runState.smooth,
-      marks, warmup: ser.warmup_steps, onZoom: runState.axis === "step" ? onZoom : null, ...o });
+      marks, warmup: ser.warmup_steps, onZoom: runState.axis === "step" ? onZoom : null,
+      regimes, ...o });
+  }
+  const fl = ser.fleet;
+  if (fl) {  // a fleet: median over ranks, 10-90% and min-max bands of each step bin's means
+    lineChart(el, `Step time across ${fl.ranks} ranks`, [
+      { label: "slowest rank", loLabel: "fastest rank", steps: fl.steps, lo: fl.min, hi: fl.max },
+      { label: "90% of ranks", loLabel: "10% of ranks", steps: fl.steps, lo: fl.p10, hi: fl.p90 },
+      { label: `median of ${fl.ranks} ranks`, steps: fl.steps, hi: fl.median }],
+      { axis: runState.axis, x: ser.x, smooth: 0, marks, warmup: ser.warmup_steps, unit: " s",
+        fromZero: true, yLabel: "seconds", onZoom: runState.axis === "step" ? onZoom : null,
+        regimes });
   }
   const ph = ser.phases;
   if (ph.steps.length) {
@@ -355,7 +224,7 @@ function drawRunCharts(doc, ser, onZoom = null) {
     lineChart(el, "Phase split per step (stacked, mean over ranks)",
       names.map((n, k) => ({ label: n.replace(/_s$/, ""), steps: ph.steps, hi: stacked[k] })),
       { axis: runState.axis, x: ser.x, smooth: 0, marks: [], warmup: ser.warmup_steps, unit: " s",
-        fromZero: true, fill: true, yLabel: "seconds" });
+        fromZero: true, fill: true, yLabel: "seconds", regimes });
   }
 }
 
@@ -373,7 +242,9 @@ async function showRun(path) {
     <div class="muted">${esc(path)} · created ${esc(m.created_utc)} · run ${esc(m.run_id)}</div>
     ${m.error ? `<p class="err">${esc(m.error)}</p>` : ""}
     ${m.command ? `<pre>${esc(m.command.join(" "))}</pre>` : ""}
-    ${sheetCards(doc.sheet, m)}
+    ${readBlock(doc)}
+    <div id="sheet">${sheetCards(doc.sheet, m, doc.text)}</div>
+    ${regimesBlock(doc)}
     <h2>Findings</h2><div id="findings"><p class="muted">Diagnosing…</p></div>
     <h2>Charts</h2>
     <div class="controls">x axis:
@@ -382,26 +253,37 @@ async function showRun(path) {
       smoothing <input id="smooth" type="range" min="0" max="0.98" step="0.02" value="${runState.smooth}">
       <button id="whole" hidden>whole run</button>
       <span class="muted">drag across a chart to zoom (the window is fetched at full resolution),
-      double-click to reset; warm-up is shaded, findings and alerts are dashed lines</span></div>
+      double-click to reset; warm-up is shaded grey, other regimes than the steady one in
+      their cause's colour (hover for the cause), findings and alerts are dashed lines</span></div>
     <div id="charts" class="charts"></div>
-    <h2>Ranks</h2>
+    ${isolationBlock(doc.events)}
+    <h2>Ranks</h2>${fleetLine(ser.fleet)}
     <div class="fleet"><div><canvas id="heat" class="heat"></canvas>
       <div class="legend-scale">0.5x <i></i> 2x of the median step time (rank × step)</div></div>
       <div><h3>Slowest ranks first</h3>${perRankTable(doc.sheet.per_rank)}</div></div>
-    <h2>Profile</h2>${profileBlock(doc.profile)}
+    <h2>Latest profile</h2><div id="profile">${profileBlock(doc.profile, doc.events)}</div>
     <h2>Run</h2>
     <details open><summary>Baseline</summary>${kvTable(m.baseline)}</details>
     <details><summary>Environment</summary>${kvTable(m.environment)}</details>
     <details><summary>Config</summary>${kvTable(m.config)}</details>
     <details><summary>Events (${doc.events.length})</summary><pre>${esc(doc.events.map((e) => JSON.stringify(e)).join("\n"))}</pre></details>
     ${doc.read_problems.length ? `<details><summary>Read problems</summary><pre>${esc(doc.read_problems.join("\n"))}</pre></details>` : ""}`;
-  let windowed = null;  // [lo, hi] while zoomed into a window fetched at full resolution
+  /* Zoom: the window is fetched again at full resolution and, on a live run, polled like
+     the whole run (it keeps its window). A window that reaches the newest step follows the
+     live edge (open-ended, hi = null); one in the past stays where it is. */
+  let windowed = null;  // the zoomed window's series document
+  let win = null;       // [lo, hi | null] of that window
+  const lastStep = (s) => Math.max(-Infinity, ...Object.values(s.series).map((v) =>
+    v.steps.length ? v.steps[v.steps.length - 1] : -Infinity));
+  const fetchWindow = (w) => api("series", { path, steps: `${w[0]}:${w[1] ?? ""}` });
   const zoom = OFFLINE ? null : async (lo, hi) => {
-    try { windowed = await api("series", { path, steps: `${lo}:${hi}` }); } catch (e) { return; }
+    const w = [lo, doc.meta.status === "running" && hi >= lastStep(ser) ? null : hi];
+    try { windowed = await fetchWindow(w); win = w; } catch (e) { return; }
     redraw(); $("#whole").hidden = false;
   };
   const redraw = () => drawRunCharts(doc, windowed || ser, zoom);
-  $("#whole").addEventListener("click", () => { windowed = null; $("#whole").hidden = true; redraw(); });
+  $("#whole").addEventListener("click", () => {
+    windowed = null; win = null; $("#whole").hidden = true; redraw(); });
   $("#axis").value = runState.axis;
   $("#axis").addEventListener("change", (e) => { runState.axis = e.target.value; redraw(); });
   $("#smooth").addEventListener("change", (e) => { runState.smooth = +e.target.value; redraw(); });
@@ -411,8 +293,9 @@ async function showRun(path) {
     $("#findings").querySelectorAll("a[data-f]").forEach((a) => a.addEventListener("click", () => {
       const f = doc.findings[+a.dataset.f];
       const lo = f.steps[0] - 10, hi = f.steps[1] + 10;
-      runState.axis = "step"; $("#axis").value = "step"; redraw();
-      charts.forEach((c) => c.setScale("x", { min: lo, max: hi }));
+      runState.axis = "step"; $("#axis").value = "step";
+      if (zoom) zoom(lo, hi);  // served: the same zoom as a drag, kept while polling
+      else { redraw(); charts.forEach((c) => c.setScale("x", { min: lo, max: hi })); }
       $("#charts").scrollIntoView();
     }));
   };
@@ -427,11 +310,17 @@ async function showRun(path) {
     $("#live").hidden = false;
     let busy = false;
     timers.push(setInterval(async () => {  // within 2 s of new records: poll every second
-      if (busy || windowed) return;
+      if (busy) return;
       busy = true;
-      try { [doc, ser] = await Promise.all([api("run", { path, findings: "0" }), api("series", { path })]); }
+      const w = win;
+      let got;
+      try { got = await Promise.all([api("run", { path, findings: "0" }), api("series", { path }),
+                                     w ? fetchWindow(w) : null]); }
       catch (e) { return; } finally { busy = false; }
+      [doc, ser] = got;
+      if (w && win === w) windowed = got[2];  // unless the user zoomed again meanwhile
       doc.findings = findings || [];
+      $("#sheet").innerHTML = sheetCards(doc.sheet, doc.meta, doc.text);
       redraw(); drawHeatmap($("#heat"), ser.heatmap);
       if (doc.meta.status !== "running") { $("#live").hidden = true; timers.forEach(clearInterval); }
     }, 1000));
