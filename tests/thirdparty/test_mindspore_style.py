@@ -1,0 +1,85 @@
+"""MindSpore tutorial-style scripts (scripts/ms_quickstart_style.py) under `stepscope run`,
+unmodified: Model.train with LossMonitor/TimeMonitor, the quick-start PyNative loop, the
+same loop with an @jit step, a TrainOneStepCell loop. Each run's records are checked
+against the losses the script printed itself; a crash inside Model.train ends `failed`,
+and a script with nothing to attach to makes `stepscope run` exit non-zero.
+
+Issue 17.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepscope.launch import NOT_ATTACHED_EXIT
+from stepscope.store import RunDir
+from support.script_log import ScriptRun, run_under_stepscope
+
+pytest.importorskip("mindspore")
+pytestmark = [pytest.mark.xdist_group("mindspore"), pytest.mark.mindspore, pytest.mark.slow]
+
+SCRIPT = "ms_quickstart_style.py"
+STEPS = 6
+
+
+def _run(tmp_path: Path, *args: str) -> ScriptRun:
+    return run_under_stepscope(tmp_path / "run", SCRIPT, *args, timeout=300)
+
+
+@pytest.mark.parametrize(("mode", "boundary", "execution_mode"), [
+    ("model", None, "graph"),
+    ("pynative", "optimizer", "pynative"),
+    ("jit", "jit step", "pynative+jit"),
+    ("cell", "train cell", "pynative"),
+])
+def test_tutorial_script_records_its_own_losses(tmp_path: Path, mode: str,
+                                                boundary: str | None,
+                                                execution_mode: str) -> None:
+    run = _run(tmp_path, mode, "--steps", str(STEPS))
+    assert run.proc.returncode == 0, run.proc.stderr[-2000:]
+    own = [s["loss"] for s in run.steps]
+    assert len(own) == STEPS
+    assert run.column("step") == list(range(STEPS))
+    assert run.column("loss") == own  # the same float32 values, read the same way
+    assert run.column("samples") == [16.0] * STEPS
+    assert all(abs(v - 1e-2) < 1e-9 for v in run.column("lr"))
+    meta = RunDir(run.out).read_meta()
+    assert meta.status == "finished"
+    assert meta.baseline["execution_mode"] == execution_mode
+    # Dense 784->64, 64->64, 64->10 with biases
+    assert meta.baseline["num_params"] == 784 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
+    assert meta.config.get("step_boundary") == boundary
+    if mode in ("pynative",):  # value_and_grad and the optimizer are timed apart
+        assert all(v > 0 for v in run.column("forward_backward_s"))
+        assert all(v > 0 for v in run.column("optimizer_s"))
+        assert run.column("synced")[0] == 1.0  # step 0 of every 10 is device-synced
+
+
+def test_crash_inside_model_train_ends_failed_with_the_exception(tmp_path: Path) -> None:
+    run = _run(tmp_path, "model", "--steps", str(STEPS), "--crash-at", "3")
+    assert run.proc.returncode == 1
+    meta = RunDir(run.out).read_meta()
+    assert meta.status == "failed"
+    assert meta.error == "ValueError: loss is NAN or INF at step 3"
+    assert run.column("step") == [0, 1, 2]  # the step that raised is not a whole step
+    crashes, _ = RunDir(run.out).read_events("crash")
+    assert [(c["rank"], c["step"]) for c in crashes] == [(0, 3)]
+
+
+def test_crash_in_a_plain_loop_ends_failed(tmp_path: Path) -> None:
+    run = _run(tmp_path, "pynative", "--steps", str(STEPS), "--crash-at", "2")
+    assert run.proc.returncode == 1
+    meta = RunDir(run.out).read_meta()
+    assert (meta.status, meta.error) == ("failed", "ValueError: loss is NAN or INF at step 2")
+    assert run.column("step") == [0, 1, 2]  # step 2's update ran before the script raised
+
+
+def test_script_with_nothing_to_attach_to_exits_non_zero(tmp_path: Path) -> None:
+    run = _run(tmp_path, "noboundary", "--steps", "3")
+    assert run.proc.returncode == NOT_ATTACHED_EXIT
+    [line] = [ln for ln in run.proc.stderr.splitlines() if "stepscope: run" in ln]
+    assert "mindspore was imported but no training step was found: looked for Model.train" \
+        in line
+    assert RunDir(run.out).read_meta().status == "failed"
