@@ -268,7 +268,8 @@ def _share(table: StepTable, col: str, denom: float) -> float | None:
 
 def _phase_split(steady: StepTable) -> tuple[dict[str, float], str]:
     rows = steady
-    source = "host times on every step (exact on CPU)"
+    # never "exact": MindSpore is asynchronous even on CPU (issue 17)
+    source = "host times, no step device-synced (a phase may hold earlier queued work)"
     if steady.has_data("synced") and np.nansum(steady["synced"]) > 0:
         synced = steady.select(steady["synced"] == 1)
         if not np.all(steady["synced"] == 1):
@@ -282,6 +283,9 @@ def _phase_split(steady: StepTable) -> tuple[dict[str, float], str]:
         share = _share(rows, col, total)
         if share is not None:
             split[phase] = share
+    comm = None if "comm_exposed" in split else _share(rows, "comm_s", total)  # timed phase
+    if comm is not None:  # (with comm_exposed_s, comm_s includes overlapped time)
+        split["comm"] = comm
     if split:
         split["other"] = max(0.0, 1.0 - sum(split.values()))
     return split, source
