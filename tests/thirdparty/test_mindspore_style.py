@@ -83,3 +83,39 @@ def test_script_with_nothing_to_attach_to_exits_non_zero(tmp_path: Path) -> None
     assert "mindspore was imported but no training step was found: looked for Model.train" \
         in line
     assert RunDir(run.out).read_meta().status == "failed"
+
+
+def test_mixed_precision_loop_records_the_scale_each_step_ran_with(tmp_path: Path) -> None:
+    """The amp tutorial's @jit step returns only the loss: overflow comes from the scale's
+    backoff, the scale is the one read before the step (not after its adjustment)."""
+    inf = [0, 1, 2, 4, 5, 6, 8]
+    run = _run(tmp_path, "amp", "--steps", "10", "--inf-steps", ",".join(map(str, inf)))
+    assert run.proc.returncode == 0, run.proc.stderr[-2000:]
+    assert run.column("loss_scale") == [s["scale"] for s in run.steps]
+    assert run.column("overflow") == [float(s["skipped"]) for s in run.steps]
+    assert run.column("loss") == [s["loss"] for s in run.steps]
+    assert RunDir(run.out).read_meta().baseline["execution_mode"] == "pynative+jit"
+    [f] = [f for f in run.report["findings"] if f["rule"] == "health.overflow"]
+    assert f["message"].startswith("7 of 10 updates skipped")
+    assert not any("no upper bound" in m for m in run.findings("warning", "info"))
+
+
+def test_loss_scale_manager_that_disagrees_with_the_optimizer_is_a_finding(
+        tmp_path: Path) -> None:
+    run = _run(tmp_path, "model", "--steps", "3", "--manager", "fixed", "--opt-scale", "1")
+    assert run.proc.returncode == 0, run.proc.stderr[-2000:]
+    findings, _ = RunDir(run.out).read_events("finding")
+    [f] = [f for f in findings if f["rule"] == "integration.loss_scale_mismatch"]
+    assert f["message"].startswith("FixedLossScaleManager scales the loss by 1024 but the "
+                                   "optimizer divides the gradients by its loss_scale=1")
+    assert run.column("loss_scale") == [1024.0] * 3
+
+
+def test_dynamic_loss_scale_manager_on_cpu_is_named_when_mindspore_refuses_it(
+        tmp_path: Path) -> None:
+    run = _run(tmp_path, "model", "--steps", "3", "--manager", "dynamic")
+    assert run.proc.returncode == 1
+    meta = RunDir(run.out).read_meta()
+    assert meta.status == "failed" and meta.error.startswith("ValueError: Only `loss_scale")
+    findings, _ = RunDir(run.out).read_events("finding")
+    assert [f["rule"] for f in findings] == ["integration.loss_scale_device"]

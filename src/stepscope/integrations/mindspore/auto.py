@@ -46,7 +46,7 @@ from ...store import RunDir
 from ..torch.settings import Settings
 from .callback import StepscopeCallback, crash_event, make_session
 from .loopstate import LOOKED_FOR, LoopState
-from .probes import model_fingerprint, optimizer_lr
+from .probes import model_fingerprint, optimizer_lr, rank_and_world
 
 __all__ = ["install", "state"]
 
@@ -72,6 +72,7 @@ def install(settings: Settings) -> LoopState:
     _patch_value_and_grad(st)
     _patch_jit(st)
     _patch_dataset(st)
+    _patch_amp(st)
     install_sigterm_finaliser(lambda: close(st, "failed", "terminated by SIGTERM"))
     prev = sys.excepthook
 
@@ -125,10 +126,16 @@ def close(st: LoopState, status: str, error: str | None) -> None:
             if status == "failed" and not core.rec._closed:
                 core.rec.run.append_event(crash_event(core, error))
             core.close(status, error)
-        if not recorded and os.path.basename(sys.argv[0] if sys.argv else "") != "msrun":
-            RunDir(st.settings.run_dir).append_event({
-                "type": "attach_failed", "framework": "mindspore", "pid": os.getpid(),
-                "looked_for": LOOKED_FOR, "argv": list(sys.argv[:3])})
+        if recorded or os.path.basename(sys.argv[0] if sys.argv else "") == "msrun":
+            return
+        run = RunDir(st.settings.run_dir)
+        if status == "failed":  # it crashed before its first step: that is the story
+            run.append_event({"type": "crash", "rank": rank_and_world()[0], "error": error,
+                              "wall_time_s": time.time(), "step": 0})
+        else:
+            run.append_event({"type": "attach_failed", "framework": "mindspore",
+                              "pid": os.getpid(), "looked_for": LOOKED_FOR,
+                              "argv": list(sys.argv[:3])})
     except Exception as exc:  # measuring must never break training (or its exit)
         st.failed("closing the records", exc)
 
@@ -172,11 +179,10 @@ def _with_callback(st: LoopState, sig: inspect.Signature, model: Any, args: tupl
         return args, kwargs
     if not _CALLBACK:
         s = st.settings
-        tokens = s.tokens_per_step if s.tokens_per_step == s.tokens_per_step else None
         cb = StepscopeCallback(s.run_dir, profile_steps=_profile(s),
                                cross_rank_every=s.cross_rank_every, keep_open=True,
                                meta={"name": s.name} if s.name else None)
-        cb.tokens_per_step = tokens
+        cb.check_scale = False  # Model.__init__ was checked (_check_model)
         _CALLBACK.append(cb)
     bound.arguments["callbacks"] = given + [_CALLBACK[0]]
     return bound.args[1:], bound.kwargs
@@ -326,6 +332,42 @@ def _wrap_jitted(st: LoopState, fn: Any, jitted: Any) -> Any:
         return out
 
     return call
+
+
+def _patch_amp(st: LoopState) -> None:
+    """Loss scalers (``mindspore.amp``) and managers given to ``Model`` are noted: the
+    scale a step runs with, overflow from its backoff, set-ups that cannot work."""
+    from mindspore import amp
+    from mindspore.train import Model
+
+    for cls in (amp.DynamicLossScaler, amp.StaticLossScaler):
+        orig_init = cls.__init__
+
+        def init(self: Any, *args: Any, __orig: Any = orig_init, **kwargs: Any) -> None:
+            __orig(self, *args, **kwargs)
+            st.scalers.append(self)
+
+        cls.__init__ = init
+    orig = Model.__init__
+    sig = inspect.signature(orig)
+
+    @functools.wraps(orig)
+    def model_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        _guard(st, "Model hook", _check_model, st, sig.bind(self, *args, **kwargs))
+        orig(self, *args, **kwargs)
+
+    Model.__init__ = model_init
+
+
+def _check_model(st: LoopState, bound: inspect.BoundArguments) -> None:
+    """Before MindSpore builds the train cell (which may raise on the device's rules)."""
+    manager = bound.arguments.get("kwargs", {}).get("loss_scale_manager")
+    opt = bound.arguments.get("optimizer")
+    from .scaling import loss_scale_findings
+
+    rank = rank_and_world()[0]
+    for f in loss_scale_findings(manager, opt, str(ms.get_context("device_target")), rank):
+        RunDir(st.settings.run_dir).append_event({"type": "finding", **f.to_dict()})
 
 
 def _patch_dataset(st: LoopState) -> None:

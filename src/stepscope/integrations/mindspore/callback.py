@@ -144,6 +144,7 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         self.alerts = alerts
         self.tokens_per_sample = tokens_per_sample
         self.keep_open = keep_open
+        self.check_scale = True  # loss-scale set-up findings at train begin
         self.core: StepSession | None = None
         self.scale = ScaleWatch()
         self._last_cur = 0
@@ -161,8 +162,9 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         self.core = make_session(self.run_dir, m, net, opt, profile_steps, every,
                                  "the training network's outputs", rank=rank,
                                  alerts=self.alerts)
-        for f in loss_scale_findings(getattr(p, "loss_scale_mananger", None), opt,
-                                     str(ms.get_context("device_target")), self.core.rank):
+        manager = getattr(p, "loss_scale_mananger", None) if self.check_scale else None
+        for f in loss_scale_findings(manager, opt, str(ms.get_context("device_target")),
+                                     self.core.rank):
             self.core.rec.run.append_event({"type": "finding", **f.to_dict()})
 
     def on_train_epoch_begin(self, run_context: Any) -> None:

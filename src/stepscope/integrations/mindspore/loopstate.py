@@ -34,6 +34,7 @@ from ...losscheck import find_loss
 from ...session import StepSession
 from ..torch.settings import Settings
 from .probes import batch_counts, grad_norm, optimizer_lr, to_float
+from .scaling import ScaleWatch
 
 __all__ = ["LoopState", "LOOKED_FOR"]
 
@@ -61,6 +62,9 @@ class LoopState:
         self.failures = 0
         self.steps = 0
         self.prev_end = _NAN
+        self.scalers: list[Any] = []  # mindspore.amp loss scalers the script made
+        self.scale = ScaleWatch()
+        self._scale_open = False
         self._reset()
 
     def _reset(self) -> None:
@@ -117,8 +121,12 @@ class LoopState:
             self.loss, self.what = find_loss(value, to_float)
 
     def enter(self) -> bool:
-        """A boundary candidate starts; True when it is the outermost."""
+        """A boundary candidate starts; True when it is the outermost (its loss scale,
+        when the script made an amp loss scaler, is the one the step runs with)."""
         self.depth += 1
+        if self.depth == 1 and self.scalers and not self._scale_open:
+            self.scale.begin(None, self.scalers[-1])
+            self._scale_open = True
         return self.depth == 1
 
     def leave(self) -> None:
@@ -156,11 +164,18 @@ class LoopState:
         if self.settings.samples_per_step == self.settings.samples_per_step:
             samples = self.settings.samples_per_step
         values = {"lr": lr if lr == lr else optimizer_lr(optimizer)}
+        overflow = None
         if self.grads is not None:
             try:
                 values["grad_norm"] = grad_norm(self.grads)
+                overflow = not math.isfinite(values["grad_norm"])
             except Exception as exc:
                 self.failed("gradient norm", exc)
+        if self._scale_open:  # the scale fell during the step: it overflowed
+            values.update(self.scale.end(overflow))
+            self._scale_open = False
+        elif overflow is not None and self.scalers:
+            values["overflow"] = float(overflow)
         phases = {"data_wait": self.wait}
         if self.fb:
             phases["forward_backward"] = self.fb
