@@ -155,6 +155,8 @@ class StepSession:
         self._check_loss(step, loss, missing_loss)
         if loss is not None:
             vals["loss"] = loss
+        if self.capture is not None and self.capture.active(step):
+            vals["profiled"] = 1.0  # kept out of the steady state (summary.steady_mask)
         if self.mem_probe is not None and "mem_peak_bytes" not in vals:
             vals["mem_peak_bytes"], vals["mem_alloc_bytes"] = self.mem_probe()
         ph = dict(phases or {})

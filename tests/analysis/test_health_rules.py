@@ -488,3 +488,18 @@ def test_stall_rule_does_not_count_evaluation_or_checkpoint_between_steps() -> N
     eval_s[20] = 0.5  # 2 s of the gap unexplained: still a stall
     table = StepTable.from_columns({**base, "eval_s": eval_s, "checkpoint_s": ckpt_s})
     assert [f.steps for f in check_health(table) if f.category == "stall"] == [(19, 20)]
+
+
+def test_divergence_in_a_short_run_is_a_finding() -> None:
+    """Issue 17: 10 steps, loss 2.3 -> 2566 (too short for the trend windows)."""
+    loss = np.array([2.3, 2.4, 3.1, 9.0, 40.0, 180.0, 700.0, 2566.0, 1900.0, 2100.0])
+    t = StepTable.from_columns({"step": np.arange(10), "rank": np.zeros(10, np.int64),
+                                "step_time_s": np.full(10, 0.1), "loss": loss})
+    [f] = [f for f in check_health(t) if f.rule == "health.convergence"]
+    assert (f.severity, f.steps) == ("warning", (0, 7))
+    assert f.message == ("loss diverged: 2.3 at step 0, 2566 at step 7 (1.12e+03x) in 10 "
+                         "logged steps")
+    calm = StepTable.from_columns({"step": np.arange(10), "rank": np.zeros(10, np.int64),
+                                   "step_time_s": np.full(10, 0.1),
+                                   "loss": np.linspace(2.3, 2.0, 10)})
+    assert [f for f in check_health(calm) if f.rule == "health.convergence"] == []

@@ -109,3 +109,17 @@ def test_sheet_states_the_loss_convention_and_the_time_between_steps() -> None:
     assert "loss: mean over the micro-batches (k = 2)" in notes
     assert "between steps, not in step time: eval 1.5 s" in notes
     assert summarize(t.select(np.arange(n) != 3)).notes == []  # nothing to say
+
+
+def test_profiled_steps_and_steps_mostly_stepscopes_own_are_not_steady() -> None:
+    """Issue 17: a capture's steps and the profiler stop billed as tool_s stay out of
+    throughput and compare (one steady-state definition)."""
+    n = 10
+    t = StepTable.from_columns({
+        "step": np.arange(n), "rank": np.zeros(n, np.int64),
+        "step_time_s": np.array([0.5] + [0.1] * 5 + [1.1] + [0.1] * 3),
+        "tool_s": np.array([0.0] * 6 + [1.0] + [0.0] * 3),
+        "profiled": np.array([0, 0, 0, 1, 1, 0, 0, 0, 0, 0], float),
+        "samples": np.full(n, 10.0)})
+    assert np.flatnonzero(steady_mask(t)).tolist() == [1, 2, 5, 7, 8, 9]
+    assert summarize(t).samples_per_s == pytest.approx(100.0)

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import stepscope.cli.report  # noqa: F401  (registers `report` on the group)
+from stepscope.analysis.summary import steady_mask
 from stepscope.cli import cli
 from stepscope.schema import EVENT_KINDS, EventTable
 from stepscope.store import RunDir
@@ -109,6 +110,22 @@ def test_model_train_callback_and_profile(tmp_path: Path) -> None:
     assert sheet["steps"] == 8
 
 
+def test_exception_inside_model_train_closes_the_callbacks_run_failed(tmp_path: Path) -> None:
+    """Issue 17: the callback's records end `failed` with the exception, not `finished`."""
+    run_dir = tmp_path / "crash"
+    p = subprocess.run([sys.executable, str(SCRIPTS / "ms_model_train.py"), str(run_dir),
+                        "--steps", "6", "--crash-at", "2"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=180, env={**os.environ, "GLOG_v": "3"})
+    assert p.returncode == 1 and "Invalid loss" in p.stderr
+    meta = RunDir.open(run_dir).read_meta()
+    assert meta.status == "failed"
+    assert meta.error == "ValueError: epoch: 1 step: 3. Invalid loss, terminating training."
+    table, _ = RunDir.open(run_dir).read_steps()
+    assert table["step"].tolist() == [0, 1]
+    crashes, _ = RunDir.open(run_dir).read_events("crash")
+    assert [(c["rank"], c["step"]) for c in crashes] == [(0, 2)]
+
+
 def test_custom_cell_without_loss_is_reported(tmp_path: Path) -> None:
     run_dir = tmp_path / "cc"
     _script("ms_model_train.py", run_dir, "--steps", "4", "--custom-cell")
@@ -131,6 +148,9 @@ def test_custom_loop_profile_matches_self_timed_phases(tmp_path: Path) -> None:
         assert np.all(np.isfinite(table[col])), col
     assert np.all(table["loss_scale"] == 1024) and np.all(table["overflow"] == 0)
     assert np.all(table["grad_norm"] > 0)
+    # the profiled steps are flagged and kept out of the steady state (issue 17)
+    assert np.nan_to_num(table["profiled"]).tolist() == [0, 0, 1, 1, 1, 0, 0, 0]
+    assert not np.any(steady_mask(table)[2:5])
     meta = RunDir.open(run_dir).read_meta()
     assert "value_and_grad runs forward and backward in one call" in meta.config["phase_note"]
     [t] = _profile(run_dir)

@@ -26,8 +26,7 @@ Conventions (one definition for every report, ledger and index):
   (PaLM App. B definition); HFU uses hardware FLOPs per token (recompute counted). Both
   need ``flops_per_token`` and ``peak_flops_per_device`` in run.json's environment;
   otherwise they are None and ``mfu_note`` says why.
-* Phase shares use device-synced rows when the run has any (see recorder), else all rows;
-  ``other`` is the step time not attributed to a phase.
+* Phase shares: device-synced rows when there are any, else all; ``other``: the rest.
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ from .regimes import Regimes, find_regimes
 __all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "headline_mask", "Conditions",
            "run_mfu", "WARMUP_SLOW_FACTOR", "WARMUP_MAX_FRAC"]
 
-# ``RunDir.read_conditions()``: condition samples per rank.
-Conditions = Mapping[int, Sequence[Mapping[str, Any]]]
+Conditions = Mapping[int, Sequence[Mapping[str, Any]]]  # RunDir.read_conditions(), per rank
 
 # Leading steps slower than this factor x the median of the remaining steps are warm-up.
 WARMUP_SLOW_FACTOR = 1.5
@@ -156,7 +154,8 @@ def steady_mask(table: StepTable) -> AnyArray:
 
     Per rank ordered by step: the first step always, then leading steps slower than
     ``WARMUP_SLOW_FACTOR`` x the median of the rest (finite values), at most
-    ``WARMUP_MAX_FRAC`` of the rank's steps; ranks of two or fewer steps drop one.
+    ``WARMUP_MAX_FRAC`` of the rank's steps; ranks of two or fewer steps drop one. Never
+    steady: profiled steps, steps over half stepscope's own (``tool_s``: a profiler stop).
     """
     mask = np.zeros(len(table), dtype=bool)
     if not len(table):
@@ -175,7 +174,9 @@ def steady_mask(table: StepTable) -> AnyArray:
     k = np.where(np.isfinite(ref), k, 1)  # nothing to compare with: drop the first only
     k = np.where(n <= 2, np.minimum(n - 1, 1), k)
     mask[g.order[pos >= np.repeat(k, n)]] = True
-    return mask
+    tool = np.nan_to_num(table["tool_s"]) if table.has_data("tool_s") else 0.0
+    prof = (table["profiled"] == 1) if table.has_data("profiled") else np.zeros_like(mask)
+    return mask & ~prof & ~(tool > 0.5 * table["step_time_s"])
 
 
 def headline_mask(table: StepTable, conditions: Conditions | None = None
@@ -380,8 +381,7 @@ def _rank_lines(steady: StepTable) -> list[RankLine]:
 def _loss_stats(table: StepTable) -> tuple[float | None, float | None, float | None]:
     if not table.has_data("loss"):
         return None, None, None
-    order = np.lexsort((table["rank"], table["step"]))
-    loss = table["loss"][order]
+    loss = table["loss"][np.lexsort((table["rank"], table["step"]))]
     finite = loss[np.isfinite(loss)]
     if not finite.size:
         return None, None, None
