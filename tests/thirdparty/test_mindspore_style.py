@@ -9,6 +9,8 @@ Issue 17.
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from stepscope.launch import NOT_ATTACHED_EXIT
 from stepscope.store import RunDir
 from support.script_log import ScriptRun, run_under_stepscope
+from support.torch_run import BIN
 
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.xdist_group("mindspore"), pytest.mark.mindspore, pytest.mark.slow]
@@ -28,16 +31,29 @@ def _run(tmp_path: Path, *args: str) -> ScriptRun:
     return run_under_stepscope(tmp_path / "run", SCRIPT, *args, timeout=300)
 
 
+@pytest.fixture(scope="module")
+def plain() -> dict[str, ScriptRun]:
+    """One run per mode for the whole module (filled on first use)."""
+    return {}
+
+
+def _plain(plain: dict[str, ScriptRun], tmp: pytest.TempPathFactory, mode: str) -> ScriptRun:
+    if mode not in plain:
+        plain[mode] = _run(tmp.mktemp(mode), mode, "--steps", str(STEPS))
+    return plain[mode]
+
+
 @pytest.mark.parametrize(("mode", "boundary", "execution_mode"), [
     ("model", None, "graph"),
     ("pynative", "optimizer", "pynative"),
     ("jit", "jit step", "pynative+jit"),
     ("cell", "train cell", "pynative"),
 ])
-def test_tutorial_script_records_its_own_losses(tmp_path: Path, mode: str,
-                                                boundary: str | None,
+def test_tutorial_script_records_its_own_losses(plain: dict[str, ScriptRun],
+                                                tmp_path_factory: pytest.TempPathFactory,
+                                                mode: str, boundary: str | None,
                                                 execution_mode: str) -> None:
-    run = _run(tmp_path, mode, "--steps", str(STEPS))
+    run = _plain(plain, tmp_path_factory, mode)
     assert run.proc.returncode == 0, run.proc.stderr[-2000:]
     own = [s["loss"] for s in run.steps]
     assert len(own) == STEPS
@@ -55,6 +71,20 @@ def test_tutorial_script_records_its_own_losses(tmp_path: Path, mode: str,
         assert all(v > 0 for v in run.column("forward_backward_s"))
         assert all(v > 0 for v in run.column("optimizer_s"))
         assert run.column("synced")[0] == 1.0  # step 0 of every 10 is device-synced
+
+
+def test_compare_names_jit_as_the_differing_variable(
+        plain: dict[str, ScriptRun], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 17: a PyNative loop and the same loop with an @jit step differ in execution
+    mode; compare must say so rather than call the speed-up 'landed' on no variable."""
+    a = _plain(plain, tmp_path_factory, "pynative")
+    b = _plain(plain, tmp_path_factory, "jit")
+    proc = subprocess.run([str(BIN / "stepscope"), "compare", str(a.out), str(b.out),
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr
+    out = json.loads(proc.stdout)
+    assert [(d["variable"], d["a"], d["b"]) for d in out["differing"]] == [
+        ("execution_mode", "pynative", "pynative+jit")]
 
 
 def test_crash_inside_model_train_ends_failed_with_the_exception(tmp_path: Path) -> None:
