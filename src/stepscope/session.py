@@ -93,7 +93,8 @@ class StepSession:
     Args:
         rec: the rank's recorder (its ``rank`` is the session's).
         loss_source: what the loss is read from, for the "no loss recorded" finding;
-            empty disables the check.
+            empty disables the check. ``loss_advice``: that finding's recommendation in
+            the adapter's terms.
         capture: profiler capture hooks, called around the steps they choose.
         mem_probe: returns (peak bytes, bytes in use); sampled at each step's end unless
             the adapter passes ``mem_peak_bytes`` itself.
@@ -108,12 +109,13 @@ class StepSession:
     def __init__(self, rec: Recorder, *, loss_source: str = "", capture: Capture | None = None,
                  mem_probe: MemProbe | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 sync: Callable[[], None] | None = None, sync_every: int = 0) -> None:
+                 sync: Callable[[], None] | None = None, sync_every: int = 0,
+                 loss_advice: str = "") -> None:
         self.rec, self.rank = rec, rec.rank
         self.sync = sync if sync_every > 0 else None
         self.sync_every = max(0, int(sync_every))
         self._sync_now = False
-        self.watch = LossWatch(loss_source) if loss_source else None
+        self.watch = LossWatch(loss_source, loss_advice) if loss_source else None
         self.capture, self.mem_probe, self.clock = capture, mem_probe, clock
         self.cross: _CrossRank | None = None
         self.gather_after_step = True  # False: the adapter calls cross_rank() in a step

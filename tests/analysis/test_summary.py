@@ -123,3 +123,12 @@ def test_profiled_steps_and_steps_mostly_stepscopes_own_are_not_steady() -> None
         "samples": np.full(n, 10.0)})
     assert np.flatnonzero(steady_mask(t)).tolist() == [1, 2, 5, 7, 8, 9]
     assert summarize(t).samples_per_s == pytest.approx(100.0)
+
+
+def test_no_perplexity_for_a_run_counting_samples_but_no_tokens() -> None:
+    """Issue 17: an image classifier's cross-entropy is no token perplexity."""
+    t = _table(step_time_s=[1.0, 1.0, 1.0], loss=[2.3, 2.2, 2.0], samples=[16.0] * 3)
+    assert summarize(t).perplexity is None
+    t = _table(step_time_s=[1.0, 1.0, 1.0], loss=[2.3, 2.2, 2.0], samples=[16.0] * 3,
+               tokens=[512.0] * 3)
+    assert summarize(t).perplexity == pytest.approx(math.exp(2.0))

@@ -136,7 +136,19 @@ def test_custom_cell_without_loss_is_reported(tmp_path: Path) -> None:
         "no loss recorded: the training network's outputs at step 0 were "
         "Tensor(shape=(64, 64)), which hold no scalar loss; the loss curve of this run "
         "would be empty"]
+    assert "has no log" not in findings[0]["recommendation"]
+    assert "recorder.log" not in findings[0]["recommendation"]  # the callback has none
     assert findings[0]["category"] == "logging" and findings[0]["rank"] == 0
+
+
+def test_cell_returning_grad_norm_then_loss_is_warned_about(tmp_path: Path) -> None:
+    """Issue 17: (grad_norm, loss) outputs would record the norm as the loss, silently."""
+    run_dir = tmp_path / "gn"
+    _script("ms_model_train.py", run_dir, "--steps", "3", "--grad-norm-first")
+    warnings_, _ = RunDir.open(run_dir).read_events("warning")
+    [w] = [w["message"] for w in warnings_ if "scalars" in w["message"]]
+    assert w.startswith("the training network returned 2 scalars (tuple of 2 [")
+    assert "the first was recorded as the loss" in w
 
 
 def test_custom_loop_profile_matches_self_timed_phases(tmp_path: Path) -> None:

@@ -66,6 +66,16 @@ class LogitsTrainCell(nn.Cell):
         return self.net(x)
 
 
+class GradNormFirstCell(LogitsTrainCell):
+    """A custom training cell returning (grad_norm, loss): the first scalar is no loss."""
+
+    def construct(self, x: ms.Tensor, y: ms.Tensor):  # type: ignore[no-untyped-def]
+        loss, grads = self.grad(x, y)
+        self.opt(grads)
+        norm = ms.ops.sqrt(ms.ops.addn([ms.ops.sum(ms.ops.square(g)) for g in grads]))
+        return norm, loss
+
+
 class Windows(Callback):
     def __init__(self, crash_at: int = -1) -> None:
         self.rows: list[list[float]] = []
@@ -97,6 +107,7 @@ def main() -> None:
     ap.add_argument("--loss-scale", type=float, default=0.0)
     ap.add_argument("--dp", action="store_true")
     ap.add_argument("--crash-at", type=int, default=-1)
+    ap.add_argument("--grad-norm-first", action="store_true")
     a = ap.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
@@ -112,6 +123,8 @@ def main() -> None:
     opt = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3)
     if a.custom_cell:
         model = Model(LogitsTrainCell(net, loss, opt))
+    elif a.grad_norm_first:
+        model = Model(GradNormFirstCell(net, loss, opt))
     elif a.loss_scale:
         model = Model(net, loss, opt, loss_scale_manager=FixedLossScaleManager(
             a.loss_scale, drop_overflow_update=False))

@@ -427,8 +427,8 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
     acc = table["accuracy"][np.isfinite(table["accuracy"])] if len(table) else np.array([])
     mem = table["mem_peak_bytes"] if len(table) else np.array([])
     mem = mem[np.isfinite(mem)]
-    # Perplexity = exp(loss) holds when loss is the mean token cross-entropy in nats.
-    ppl = math.exp(last) if last is not None and last < 50 else None
+    lm = table.has_data("tokens") or not table.has_data("samples")  # samples only: images
+    ppl = math.exp(last) if last is not None and last < 50 and lm else None  # token CE, nats
     return Sheet(
         steps=steps, ranks=ranks, warmup_steps=int(len(table) - mask.sum()) if mask.any() else 0,
         loss_first=first, loss_last=last, loss_min=lmin, perplexity=ppl,

@@ -266,4 +266,20 @@ def rule_logging(ctx: HealthContext) -> list[Finding]:
         message="not recorded: " + "; ".join(f"{c} ({why[c]})" for c in missing),
         evidence={"steps_recorded": n_steps, "missing": missing},
         steps=span, rank=None, confidence=1.0, rule="health.logging",
-        recommendation="Pass tokens=/samples= to rec.step() and log lr= each step")]
+        recommendation=_how_to_count(ctx, missing))]
+
+
+def _how_to_count(ctx: HealthContext, missing: list[str]) -> str:
+    """Advice in the terms of the integration that recorded the run (run.json config)."""
+    how = str((ctx.meta.config if ctx.meta else {}).get("stepscope_integration", ""))
+    tokens = "tokens" in missing
+    if "Model.train callback" in how:
+        return ("The callback counts token ids from a 2-D integer first input; for other "
+                "inputs pass StepscopeCallback(tokens_per_sample=...)" if tokens else
+                "Give the optimizer a learning rate the callback can read (get_lr())")
+    if "LoopRecorder" in how:
+        return "Pass tokens= to rec.step(batch, tokens=...) (or LoopRecorder(tokens_per_sample=" \
+            "...)) and give LoopRecorder the optimizer"
+    if ctx.meta and ctx.meta.command:
+        return "Pass `stepscope run --tokens-per-step N` when the batch does not show tokens"
+    return "Pass tokens=/samples= to rec.step() and log lr= each step"

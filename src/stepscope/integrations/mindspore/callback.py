@@ -45,7 +45,7 @@ from mindspore.train import Callback
 
 from ...analysis.findings import Finding
 from ...envinfo import process_memory_bytes
-from ...losscheck import describe, find_loss
+from ...losscheck import ambiguous_loss, find_loss
 from ...recorder import Recorder
 from ...session import StepSession
 from .probes import (
@@ -77,7 +77,7 @@ def make_session(run_dir: str | os.PathLike[str], meta: dict[str, Any] | None, n
                  optimizer: Any, profile_steps: tuple[int, int] | None, every: int,
                  loss_source: str, *, rank: int | None = None,
                  alerts: str | os.PathLike[str] | None = None,
-                 sync_every: int = 0) -> StepSession:
+                 sync_every: int = 0, loss_advice: str = "") -> StepSession:
     """A session for this rank: run.json facts, profiler capture, cross-rank view and, with
     ``sync_every`` > 0, ``mindspore.runtime.synchronize`` at the phase boundaries of every
     N-th step (MindSpore dispatches asynchronously, even on CPU)."""
@@ -88,7 +88,8 @@ def make_session(run_dir: str | os.PathLike[str], meta: dict[str, Any] | None, n
     capture = ProfileCapture(rec.run, profile_steps, r, world) if profile_steps else None
     sync = getattr(getattr(ms, "runtime", None), "synchronize", None) if sync_every else None
     s = StepSession(rec, loss_source=loss_source, capture=capture,
-                    mem_probe=process_memory_bytes, sync=sync, sync_every=sync_every)
+                    mem_probe=process_memory_bytes, sync=sync, sync_every=sync_every,
+                    loss_advice=loss_advice)
     s.enable_cross_rank(world=world, every=every)  # through the run dir, no AllGather
     return s
 
@@ -161,7 +162,7 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         net, opt = getattr(p, "network", None), getattr(p, "optimizer", None)
         self.core = make_session(self.run_dir, m, net, opt, profile_steps, every,
                                  "the training network's outputs", rank=rank,
-                                 alerts=self.alerts)
+                                 alerts=self.alerts, loss_advice=_CALLBACK_LOSS_ADVICE)
         manager = getattr(p, "loss_scale_mananger", None) if self.check_scale else None
         for f in loss_scale_findings(manager, opt, str(ms.get_context("device_target")),
                                      self.core.rank):
@@ -203,18 +204,15 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
                       missing_loss=f"were {what}, which hold no scalar loss")
 
     def _check_outputs(self, outputs: Any) -> None:
-        """Once: a tuple of several scalars, where the first is taken as the loss."""
-        if self.scale.warned_outputs or not isinstance(outputs, (tuple, list)):
+        """Once: outputs whose first scalar may not be the loss (a warning event)."""
+        if self.scale.warned_outputs:
             return
         self.scale.warned_outputs = True
-        n = sum(1 for o in outputs if getattr(o, "shape", None) == ()
-                and "bool" not in str(getattr(o, "dtype", "")).lower())
-        if n > 1 and len(outputs) != 3:
+        message = ambiguous_loss(outputs)
+        if message is not None:
             assert self.core is not None
-            self.core.rec.run.append_event({"type": "warning", "rank": self.core.rank, "message": (
-                f"the training network returned {n} scalars ({describe(outputs)}); the first "
-                "was recorded as the loss. If it is not the loss (e.g. (grad_norm, loss)), "
-                "return the loss first")})
+            self.core.rec.run.append_event({"type": "warning", "rank": self.core.rank,
+                                            "message": message})
 
     def on_train_end(self, run_context: Any) -> None:
         if self.core is None:
@@ -241,6 +239,12 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
     def close(self, status: str = "finished", error: str | None = None) -> None:
         if self.core is not None:
             self.core.close(status, error)
+
+
+# The callback reads the loss only from the network's outputs: it has no log() to point at.
+_CALLBACK_LOSS_ADVICE = ("return the loss as the training cell's first output, as "
+                         "TrainOneStepCell does: StepscopeCallback reads it from the "
+                         "network's outputs")
 
 
 def _with_config(meta: dict[str, Any] | None, **config: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ...losscheck import find_loss
+from ...losscheck import ambiguous_loss, find_loss
 from ...session import StepSession
 from ..torch.settings import Settings
 from .probes import batch_counts, grad_norm, optimizer_lr, to_float
@@ -144,11 +144,16 @@ class LoopState:
             self.opt_s += seconds
         if self.batch is None and args:
             self.batch = args
-        if self.loss is None and outputs is not None:
+        from_outputs = self.loss is None and outputs is not None
+        if from_outputs:
             self.loss, self.what = find_loss(outputs, to_float)
         if self.session is None:
             self.session = self.make_session(self, network if network is not None
                                              else optimizer)
+            warning = ambiguous_loss(outputs) if from_outputs else None
+            if warning is not None:
+                self.session.rec.run.append_event({"type": "warning", "message": warning,
+                                                   "rank": self.session.rank})
         start = self.t_first if math.isnan(self.prev_end) else self.prev_end
         self._emit(start, end, lr, optimizer)
         if self.sync_step() and self.sync is not None:
