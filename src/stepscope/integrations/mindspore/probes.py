@@ -34,6 +34,10 @@ MEM_SOURCE = "process peak RSS (VmHWM from /proc/self/status, lifetime)"
 def to_float(x: Any) -> float:
     """A MindSpore scalar tensor/parameter (or a number) as a Python float."""
     if hasattr(x, "asnumpy"):
+        try:  # one element: float() reads it in ~0.2 µs, asnumpy() copies in ~16 µs
+            return float(x)
+        except (TypeError, ValueError, RuntimeError):
+            pass
         x = x.asnumpy()
     return float(x.reshape(-1)[0]) if hasattr(x, "reshape") else float(x)
 

@@ -31,13 +31,18 @@ class ScaleWatch:
         self.source: Any = None
         self.before = math.nan
         self.warned_outputs = False  # the callback's one "several scalars" warning
+        self._of: tuple[int, int] | None = None  # (train network, scaler) the source is of
 
     def begin(self, train_network: Any, scaler: Any) -> None:
         # Model.train with a dynamic manager: the train cell's scale_sense Parameter is the
         # live scale (the manager keeps its initial value); else the manager / amp scaler.
-        sense = getattr(train_network, "scale_sense", None) if train_network is not None \
-            else None
-        self.source = sense if hasattr(sense, "asnumpy") else scaler
+        # Resolved once per pair (a Cell attribute lookup costs ~15 µs, every step).
+        key = (id(train_network), id(scaler))
+        if key != self._of:
+            self._of = key
+            sense = getattr(train_network, "scale_sense", None) if train_network is not None \
+                else None
+            self.source = sense if hasattr(sense, "asnumpy") else scaler
         self.before = loss_scale(self.source) if self.source is not None else math.nan
 
     def end(self, overflow: bool | None) -> dict[str, float]:
