@@ -17,8 +17,8 @@ import pytest
 
 from stepscope.launch import NOT_ATTACHED_EXIT
 from stepscope.store import RunDir
-from support.script_log import ScriptRun, run_under_stepscope
-from support.torch_run import BIN
+from support.script_log import THIRDPARTY_SCRIPTS, ScriptRun, printed, run_under_stepscope
+from support.torch_run import BIN, stepscope_run
 
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.xdist_group("mindspore"), pytest.mark.mindspore, pytest.mark.slow]
@@ -149,3 +149,27 @@ def test_dynamic_loss_scale_manager_on_cpu_is_named_when_mindspore_refuses_it(
     assert meta.status == "failed" and meta.error.startswith("ValueError: Only `loss_scale")
     findings, _ = RunDir(run.out).read_events("finding")
     assert [f["rule"] for f in findings] == ["integration.loss_scale_device"]
+
+
+def test_model_train_data_parallel_under_msrun_records_every_rank(tmp_path: Path) -> None:
+    """`stepscope run -- msrun ...`: each worker instruments itself (msrun's scheduler
+    process, which runs the script too, is left alone)."""
+    import os
+
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    port = 20000 + (os.getpid() * 7) % 20000
+    proc = stepscope_run(out, str(BIN / "msrun"), "--worker_num=2", "--local_worker_num=2",
+                         f"--master_port={port}", f"--log_dir={logs}", "--join=True",
+                         str(THIRDPARTY_SCRIPTS / SCRIPT), "model", "--dp", "--steps", "6",
+                         env={"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                              "GLOG_v": "3"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = RunDir(out)
+    table, _ = run.read_steps()
+    assert table.ranks() == [0, 1] and len(run.step_files()) == 2
+    for r in (0, 1):
+        own = printed((logs / f"worker_{r}.log").read_text())["step"]
+        rows = table.rank(r)
+        assert rows["step"].tolist() == list(range(6))
+        assert rows["loss"].tolist() == [s["loss"] for s in own]
+    assert run.read_meta().baseline["num_devices"] == 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import types
 from collections.abc import Sequence
@@ -71,7 +72,9 @@ class _MindSporeImportHook(importlib.abc.MetaPathFinder):
 def bootstrap() -> None:
     """Entry point of the ``sitecustomize`` that ``stepscope run`` puts on PYTHONPATH."""
     settings = Settings.from_env()
-    if settings is None:
+    # msrun's scheduler process runs the script too (MS_ROLE=MS_SCHED): it trains nothing
+    # when the script calls init(), and is no rank of the job when it does not.
+    if settings is None or os.environ.get("MS_ROLE") == "MS_SCHED":
         return
     if "mindspore" in sys.modules:
         _install(settings)

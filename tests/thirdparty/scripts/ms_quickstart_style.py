@@ -4,7 +4,7 @@ stepscope: ``Model.train`` with LossMonitor/TimeMonitor, a PyNative loop on
 
 usage: ms_quickstart_style.py {model|pynative|jit|cell|amp|noboundary} [--steps N]
        [--crash-at K] [--diverge] [--inf-steps I,J,..] [--manager fixed|dynamic]
-       [--opt-scale L]
+       [--opt-scale L] [--dp]
 
 The dataset is a ``GeneratorDataset`` over synthetic MNIST-shaped data (28x28 images, 10
 classes, batch 16). The script prints its own numbers as ``SS step i=.. loss=..`` lines
@@ -17,6 +17,7 @@ that skips the update when the gradients are not finite and returns only the los
 prints the scale it read before each step and whether it knew the step would skip.
 ``--manager``: Model.train with a FixedLossScaleManager(1024, drop_overflow_update=False)
 or a DynamicLossScaleManager, the optimizer built with ``loss_scale=--opt-scale``.
+``--dp``: data parallel under ``msrun`` (``init()``, DATA_PARALLEL context).
 """
 
 from __future__ import annotations
@@ -80,8 +81,15 @@ def main() -> None:
     ap.add_argument("--inf-steps", default="")
     ap.add_argument("--manager", choices=["", "fixed", "dynamic"], default="")
     ap.add_argument("--opt-scale", type=float, default=1024.0)
+    ap.add_argument("--dp", action="store_true")
     a = ap.parse_args()
     ms.set_device("CPU")
+    if a.dp:  # the data-parallel tutorial under msrun: Model.train inserts the grad reducer
+        from mindspore.communication import init
+
+        init()
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+                                     gradients_mean=True)
     ms.set_seed(1)
     if a.mode == "model":
         ms.set_context(mode=ms.GRAPH_MODE)
