@@ -1,10 +1,12 @@
 """Launch a training command with zero-code instrumentation (what ``stepscope run`` does).
 
 The child gets a temporary directory on ``PYTHONPATH`` holding a ``sitecustomize.py`` that
-calls :func:`stepscope.integrations.torch.auto.bootstrap` (and then chains to any other
-``sitecustomize`` on the path), plus ``STEPSCOPE_*`` variables naming the run directory and
-the switches. This works through launchers: ``torchrun`` passes its environment to every
-worker, so each rank instruments itself and writes its own ``steps/rank-N.jsonl``.
+calls :func:`stepscope.integrations.torch.auto.bootstrap` and
+:func:`stepscope.integrations.ms_boot.bootstrap` (each waits for its framework's import;
+then it chains to any other ``sitecustomize`` on the path), plus ``STEPSCOPE_*``
+variables naming the run directory and the switches. This works through launchers:
+``torchrun`` and ``msrun`` pass their environment to every worker, so each rank
+instruments itself and writes its own ``steps/rank-N.jsonl``.
 
 After the command exits, run.json gets its final status: a crash already recorded by the
 child (exception type and message) is kept; otherwise a non-zero exit marks the run
