@@ -133,7 +133,10 @@ def main() -> None:
     for label, arm in (("alerts ratio:", "alerts"), ("A/A control ratio:", "control")):
         med, lo, hi = _ratio_ci(times[arm], times["plain"], seed=1)
         print(f"  {label:26s} {med:.4f}  95% CI [{lo:.4f}, {hi:.4f}]")
-    print(f"  close() of all three recorders: {close_s:.2f} s (the sender's deadline is 5 s)")
+    from stepscope.alerts.delivery import CLOSE_WAIT_S
+
+    print(f"  close() of all three recorders: {close_s:.2f} s (the sender is given at most "
+          f"{CLOSE_WAIT_S:g} s; what it has not sent stays pending in events.jsonl)")
 
 
 if __name__ == "__main__":

@@ -74,3 +74,15 @@ def test_a_bad_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     proc = _run(["alerts", "test", str(p)], {})
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "T_UNSET_VAR" in proc.stderr
+
+
+def test_flush_of_a_missing_run_or_a_bad_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[sink]]\ntype = \"pager\"\n")
+    for args in (["alerts", "flush", str(tmp_path / "nope")],
+                 ["alerts", "flush", str(tmp_path), "--alerts", str(bad)]):
+        proc = subprocess.run([sys.executable, "-m", "stepscope", *args], capture_output=True,
+                              text=True, timeout=60, env=env)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stdout == ""

@@ -113,13 +113,19 @@ def test_slow_endpoint_times_out_on_the_sender_thread(robots: ChatRobots) -> Non
 def test_submit_never_waits_even_when_the_sender_is_stuck(robots: ChatRobots) -> None:
     robots.state.mode, robots.state.delay_s = "slow", 5.0
     d = Dispatcher([sink(robots, "wecom", timeout_s=5.0)], queue_size=10, gather_s=0.0)
+    assert d.submit(alert(rank=999))
+    for _ in range(1000):  # the sender has taken it and is now waiting on the robot
+        if d._queue.unfinished_tasks == 0:
+            break
+        time.sleep(0.01)
     results = []
     caller = threading.Thread(target=lambda: results.extend(
         d.submit(alert(rank=r)) for r in range(200)))
     caller.start()
     caller.join(timeout=30.0)
     assert not caller.is_alive()
-    assert results.count(True) <= 11 and d.dropped == results.count(False) > 0
+    # The sender is stuck for 5 s: the queue's 10 places fill, the rest is refused at once.
+    assert results.count(True) == 10 and d.dropped == results.count(False) == 190
     d.close(0.1)
 
 

@@ -112,21 +112,6 @@ def test_grad_norm_explosion_and_loss_scale_collapse() -> None:
     assert got == [("grad_norm", 30), ("loss_scale", 36)]
 
 
-def test_memory_creep_fires_once() -> None:
-    recs = records(120)
-    for i, r in enumerate(recs):
-        r["mem_peak_bytes"] = 1e9 + i * 2e6  # +2 MB a step: a leak
-    got = fired(LiveRules(RulesConfig(), "exp", 0), recs)
-    assert [rule for rule, _ in got] == ["memory_creep"]
-
-
-def test_flat_memory_does_not_creep() -> None:
-    recs = records(120)
-    for i, r in enumerate(recs):
-        r["mem_peak_bytes"] = 1e9 + (i % 5) * 1e6
-    assert fired(LiveRules(RulesConfig(), "exp", 0), recs) == []
-
-
 def test_baseline_median_replaces_the_runs_own() -> None:
     # This run is uniformly 3x slower than its baseline: its own median would never fire.
     cfg = RulesConfig(baseline_step_time_s=0.1, baseline_tokens_per_s=4096 / 0.1)

@@ -86,7 +86,7 @@ def test_pid_state_reads_this_process_and_a_gone_one() -> None:
     assert pid_state(2**22 + 12345) is None
 
 
-def test_a_rank_slow_in_two_gathers_is_reported_as_a_straggler(tmp_path: Path) -> None:
+def test_a_rank_slow_in_m_gathers_is_reported_as_a_straggler(tmp_path: Path) -> None:
     from stepscope.crossrank import cross_rank_event
 
     run, w = _run(tmp_path)
@@ -97,9 +97,11 @@ def test_a_rank_slow_in_two_gathers_is_reported_as_a_straggler(tmp_path: Path) -
     assert watcher.poll(0.0, 0.0) == []
     run.append_event(cross_rank_event(40, names, fast_slow, "compute_s"))
     run.append_event(cross_rank_event(60, names, fast_slow, "compute_s"))
-    [alert] = watcher.poll(1.0, 1.0)
-    assert (alert.rule, alert.rank, alert.step) == ("straggler", 2, 40)
-    assert "0.33" in alert.message
+    [alert] = watcher.poll(1.0, 1.0)  # M = RulesConfig.consecutive = 3 gathers
+    assert (alert.rule, alert.rank, alert.step) == ("straggler", 2, 60)
+    assert alert.message == ("rank 2 is a straggler in 3 gathers in a row: score 0.33, below "
+                             "0.8 (compute_s 0.3 s per step against the reference rank's "
+                             "0.1 s)")
 
 
 def test_watch_on_a_root_follows_every_run_in_it(tmp_path: Path) -> None:
@@ -116,3 +118,21 @@ def test_watch_on_a_root_follows_every_run_in_it(tmp_path: Path) -> None:
     assert [(a.rule, a.run) for a in seen] == [("no_steps", "idle")]
     events, _ = idle.read_events(type="alert")
     assert [(e["rule"], e["observer"]) for e in events] == [("no_steps", "watch")]
+
+
+def test_watch_reads_the_condition_samples_for_the_environment_rules(tmp_path: Path) -> None:
+    run, w = _run(tmp_path)
+    cond = StepFileWriter(run.conditions_path(0))
+    watcher = RunWatcher(run, RulesConfig(step_time_factor=100.0), stall_after_s=600.0,
+                         state_of=lambda p: "S")
+    quiet = {"main_oncpu_frac": 0.97, "main_runq_frac": 0.01}
+    cond.write([quiet])
+    w.write([{"rank": 0, "step": i, "step_time_s": 0.1, "cpu_s": 0.098, "preempt": 1.0}
+             for i in range(30)])
+    assert watcher.poll(0.0, 0.0) == []
+    cond.write([{"main_oncpu_frac": 0.25, "main_runq_frac": 0.7}] * 2)
+    w.write([{"rank": 0, "step": i, "step_time_s": 0.3, "cpu_s": 0.075, "preempt": 60.0}
+             for i in range(30, 40)])
+    [alert] = watcher.poll(1.0, 1.0)
+    assert (alert.rule, alert.step) == ("contention", 34)
+    assert "waited for a CPU 70% of it against 1%" in alert.message

@@ -43,8 +43,18 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
     return int(exc.value.code or 0), out.out, out.err
 
 
-def test_same_config_twice_is_no_significant_difference(runs: dict[str, Path]) -> None:
+def test_same_config_twice_is_no_significant_difference(
+        runs: dict[str, Path], tmp_path: Path) -> None:
+    """An A/A pair: no significant difference. The speed verdict is a 95% interval, so an
+    A/A pair is called faster or slower about one time in twenty by design (more when a
+    neighbour's load lands on one run's steps). The module's pair cannot be rerun, so one
+    fresh pair is trained when it is; two independent misses in a row are a bug."""
     r = _compare(runs["base"], runs["repeat"])
+    if r.speed.verdict != "no significant difference":
+        first = r.speed.reason
+        again = train_interleaved(tmp_path, [Spec("base"), Spec("repeat")], STEPS)
+        r = _compare(again["base"], again["repeat"])
+        assert r.speed.verdict == "no significant difference", (first, r.speed.reason)
     assert r.differing == []
     assert r.speed.verdict == "no significant difference"
     assert r.speed.primary == "tokens_per_s"

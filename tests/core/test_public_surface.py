@@ -25,6 +25,7 @@ PUBLIC = {
 # command -> its flags, sorted.
 CLI = {
     'alerts': (),
+    'alerts flush': ('--alerts', '--json'),
     'alerts test': ('--json',),
     'compare': ('--allow-multi', '--json', '--markdown', '--repeat', '--seed'),
     'demo': ('--framework', '--json', '--out', '--seed', '--slow-data', '--steps'),
@@ -200,7 +201,7 @@ CLI = {
     'scaling': ('--allow-multi', '--json', '--markdown'),
     'serve': ('--host', '--port'),
     'trace': (),
-    'trace diff': ('--hta-compatible', '--json', '--steps', '--top'),
+    'trace diff': ('--by', '--hta-compatible', '--json', '--steps', '--top'),
     'trace show': ('--engine', '--hta-compatible', '--json', '--scheduler', '--steps', '--top'),
     'watch': ('--alerts', '--json', '--poll', '--stall-after'),
 }

@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import json
 import math
+import socket
 import threading
 import time
 import urllib.parse
@@ -273,3 +274,27 @@ class ChatRobots:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class BlackHole:
+    """A local endpoint that accepts every connection and never answers (the worst
+    endpoint: every request runs into its timeout). ``url`` posts to it."""
+
+    def __init__(self) -> None:
+        self._srv = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self._held: list[socket.socket] = []
+        self.url = f"http://127.0.0.1:{self._srv.getsockname()[1]}/hook"
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            self._held.append(conn)  # never read, never answered, never closed
+
+    def stop(self) -> None:
+        self._srv.close()
+        for c in self._held:
+            c.close()

@@ -296,3 +296,77 @@ def test_loss_watch() -> None:
 def test_two_captures_of_one_rank_are_refused(shared_data: Path) -> None:
     with pytest.raises(TraceFormatError, match="rank 0 appears in two profiler outputs"):
         msr.read(shared_data / MS)  # tinylm run and rank 0 of the msrun job
+
+
+def _flat_table(ops: list[tuple[str, float, float]]) -> EventTable:
+    """A PyNative-like CPU op table (flat names), times in us from origin 0."""
+    names = sorted({n for n, _, _ in ops})
+    n = len(ops)
+    return EventTable(
+        rank=np.zeros(n, dtype=np.int64), kind=np.zeros(n, dtype=np.int8),
+        name=np.array([names.index(o[0]) for o in ops], dtype=np.int64),
+        start_us=np.array([o[1] for o in ops]), dur_us=np.array([o[2] for o in ops]),
+        stream=np.zeros(n, dtype=np.int64), step=np.full(n, -1, dtype=np.int64),
+        names=names, extra={}, meta={"time_origin_us": 0})
+
+
+def test_phase_marks_split_flat_pynative_names() -> None:
+    ops = [("Default/Conv2D-op0", 10, 30), ("ReLU", 41, 4),  # network forward
+           ("ReduceSum", 46, 2), ("Default/OnesLike-op0", 49, 1), ("Neg", 50, 2),  # loss
+           ("MatMul", 60, 20), ("Default/Conv2DBackpropFilter-op0", 81, 9),  # backward
+           ("Default/SGD-op0", 95, 2), ("Mul", 99, 1)]  # update, then one op after it
+    marks = [{"step": 0, "name": "forward", "start_us": 5, "end_us": 45},
+             {"step": 0, "name": "loss", "start_us": 45, "end_us": 55},
+             {"step": 0, "name": "backward", "start_us": 55, "end_us": 92},
+             {"step": 0, "name": "optimizer", "start_us": 93, "end_us": 98}]
+    steps = [{"step": 0, "start_us": 0, "end_us": 120}]
+    t = annotate(_flat_table(ops), steps, marks)
+    o = t.select(_ops(t))
+    got = dict(zip(_names(o).tolist(), [PHASE_NAMES[int(p)] for p in o.extra["phase"]],
+                   strict=True))
+    assert got == {"Default/Conv2D-op0": "forward", "ReLU": "forward",
+                   "ReduceSum": "forward", "Default/OnesLike-op0": "backward",
+                   "Neg": "backward", "MatMul": "backward",
+                   "Default/Conv2DBackpropFilter-op0": "backward",
+                   "Default/SGD-op0": "optimizer", "Mul": "other"}
+    assert t.meta["phase_source"].startswith("stepscope phase marks")
+    assert "8 of 9 marked-step ops fall in a phase window" in t.meta["phase_source"]
+    busy = phase_busy_us(t)[0]
+    assert (busy["forward"], busy["backward"], busy["optimizer"], busy["other"]) == (
+        36.0, 32.0, 2.0, 1.0)
+
+
+def test_real_pynative_capture_with_marks_reads_back() -> None:
+    fixture = Path(__file__).resolve().parents[1] / "data" / "mindspore-pynative-cnn-marks"
+    [t] = msr.read(fixture)
+    ops = _ops(t)
+    names = _names(t)
+    phase = t.extra["phase"].astype(int)
+    assert t.meta["step_source"] == "stepscope step markers (stepscope_steps.json)"
+    assert sorted(set(t.step[ops].tolist())) == [2, 3, 4]
+    grad = ops & np.array(["Backprop" in n or "Grad" in n for n in names])
+    assert grad.any() and np.all(phase[grad] == PHASE_NAMES.index("backward"))
+    seed = ops & (names == "Default/OnesLike-op0")
+    assert seed.sum() == 3 and np.all(phase[seed] == PHASE_NAMES.index("backward"))
+    conv = ops & (names == "Default/Conv2D-op1")
+    assert np.all(phase[conv] == PHASE_NAMES.index("forward"))
+    sgd = ops & np.char.startswith(names.astype(str), "Default/SGD")
+    assert sgd.any() and np.all(phase[sgd] == PHASE_NAMES.index("optimizer"))
+    # by name alone (no marks) the split is a guess: 216 flat ops follow the op before
+    # them, and the gradient seed lands in forward
+    o = t.select(ops)
+    plain = annotate(EventTable(o.rank, o.kind, o.name, o.start_us, o.dur_us, o.stream,
+                                o.step, o.names, {}, dict(o.meta)))
+    assert plain.meta["phase_source"] == ("inferred from op names (graph-mode scopes); 216 "
+                                          "unscoped ops took the phase of the op before them")
+    pnames, pphase = _names(plain), plain.extra["phase"].astype(int)
+    assert np.all(pphase[pnames == "Default/OnesLike-op0"] == PHASE_NAMES.index("forward"))
+
+
+def test_one_rank_read_alone_keeps_its_rank(shared_data: Path) -> None:
+    from stepscope.analysis.trace.breakdown import analyze
+
+    rank1 = sorted((shared_data / MS / "dp2_cpu_msrun").glob("*_ascend_ms"))[1]
+    [t] = msr.read(rank1)
+    assert t.meta["rank"] == 1 and int(t.rank[0]) == 1
+    assert list(analyze([t]).ranks) == [1]

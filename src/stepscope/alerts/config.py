@@ -48,7 +48,8 @@ __all__ = ["AlertConfigError", "AlertsConfig", "RulesConfig", "SinkConfig",
 
 SINK_TYPES = ("console", "wecom", "dingtalk", "feishu", "slack", "webhook")
 RULE_NAMES = ("step_time", "throughput", "data_wait", "nonfinite_loss", "loss_spike",
-              "grad_norm", "loss_scale", "memory_creep", "straggler", "stall")
+              "grad_norm", "loss_scale", "memory_creep", "straggler", "stall", "contention",
+              "throttling")
 _SIGNED = ("dingtalk", "feishu")  # platforms whose robots take a signing secret
 _MSGTYPES = {"wecom": ("text", "markdown"), "dingtalk": ("text", "markdown")}
 

@@ -9,11 +9,16 @@ in that sink's outbox and leave as one folded summary, so a storm is neither los
 as a burst. When every sink has settled an alert, one ``{"type": "alert"}`` record with each
 sink's outcome goes to ``record`` (events.jsonl). Nothing here writes a URL or a secret.
 
+With ``journal`` (where the alert came from: pid, host, alert file), each alert is first
+recorded as ``{"type": "alert_pending", ..., "sinks": [...]}``, before it is queued, so
+an alert the process could not send (SIGKILL, a dead endpoint at exit) is still on disk;
+``alerts/pending.py`` delivers those later. ``close`` waits at most ``CLOSE_WAIT_S``.
+
 Example::
 
     d = Dispatcher(config.sinks, record=run.append_event, cooldown_s=300)
     d.submit(alert)          # returns at once
-    d.close(timeout_s=5)     # at exit: last tries within the deadline
+    d.close()                # at exit: last tries within CLOSE_WAIT_S; the rest stay pending
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import queue
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from .config import SinkConfig
@@ -33,7 +39,7 @@ from .model import Alert, severity_rank
 from .platforms import PLATFORMS, Outcome, build, interpret
 from .transport import HttpAnswer, post
 
-__all__ = ["Dispatcher", "Poster"]
+__all__ = ["Dispatcher", "Poster", "CLOSE_WAIT_S", "PENDING", "PENDING_TYPE"]
 
 Poster = Callable[..., HttpAnswer]
 _STOP = object()
@@ -46,6 +52,15 @@ _BACKOFF_MAX_S = 60.0
 _GATHER_S = 0.25
 # A sink's outbox keeps at most this many alerts in full; more are counted, not kept.
 _MAX_OUTBOX = 200
+# ``close`` (a recorder closing, the process exiting) waits at most this long for the
+# sender: one request to a live robot answers in well under a second, and a dead or
+# black-holed endpoint must not hold a finished job (it used to take up to a 5 s request
+# timeout). What is not settled by then stays pending in events.jsonl.
+CLOSE_WAIT_S = 1.0
+# An outcome that starts with this is not final: the alert is still to be sent.
+PENDING = "pending"
+PENDING_TYPE = "alert_pending"
+_EXITING = f"{PENDING}: the process ended before delivery (`stepscope alerts flush RUN`)"
 
 
 @dataclass
@@ -83,9 +98,11 @@ class Dispatcher:
                  cooldown_s: float = 300.0, queue_size: int = 1000,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, poster: Poster = post,
-                 console: TextIO | None = None, gather_s: float = _GATHER_S) -> None:
+                 console: TextIO | None = None, gather_s: float = _GATHER_S,
+                 journal: Mapping[str, Any] | None = None) -> None:
         self._sinks = [_Sink(s, WindowLimiter(_windows(s))) for s in sinks]
         self._record = record
+        self._journal = dict(journal) if journal is not None and record is not None else None
         self._cool = CoolDown(cooldown_s)
         self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_size)
         self._clock, self._wall, self._post = clock, wall, poster
@@ -103,7 +120,12 @@ class Dispatcher:
 
     # -- the caller's side (any thread, never blocks) ---------------------------------
     def submit(self, alert: Alert) -> bool:
-        """Queue ``alert``; False (and counted) if the queue is full or closed."""
+        """Queue ``alert``; False (and counted) if the queue is full or closed. With a
+        journal it is recorded as pending first (a full queue leaves it pending)."""
+        if not alert.id:
+            alert = replace(alert, id=uuid.uuid4().hex[:16])
+        if self._journal is not None:
+            self._note_pending(alert)
         try:
             self._queue.put_nowait(alert)
         except queue.Full:
@@ -111,6 +133,17 @@ class Dispatcher:
             return False
         self.submitted += 1
         return True
+
+    def _note_pending(self, alert: Alert) -> None:
+        sinks = [s.cfg.name for s in self._sinks if s.cfg.type != "console"
+                 and severity_rank(alert.severity) >= severity_rank(s.cfg.min_severity)]
+        if not sinks or self._record is None:
+            return  # nothing a later flush could send (a console line is for this process)
+        try:
+            self._record({"type": PENDING_TYPE, **alert.to_dict(), "sinks": sinks,
+                          **(self._journal or {})})
+        except Exception:  # the recorder warns itself; submit never raises
+            pass
 
     def sent_counts(self) -> dict[str, int]:
         """Messages each sink's endpoint accepted so far."""
@@ -127,8 +160,9 @@ class Dispatcher:
                 self._idle.wait(min(left, 0.05))
         return True
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Last tries within ``timeout_s``; what is still unsent is recorded as such."""
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Last tries within ``timeout_s`` (the sender thread is joined with it, never
+        longer); what is still unsent is recorded with a ``pending`` outcome."""
         self._closing = True  # seen by the sender even when the queue is full
         try:
             self._queue.put_nowait(_STOP)
@@ -140,7 +174,7 @@ class Dispatcher:
             self._pending.clear()
         for p in left:
             for s in self._sinks:
-                p.delivery.setdefault(s.cfg.name, "not sent: process exiting")
+                p.delivery.setdefault(s.cfg.name, _EXITING)
             self._write(p)
 
     # -- the sender thread --------------------------------------------------------------
@@ -177,7 +211,7 @@ class Dispatcher:
             self._queue.task_done()
         self._send_due(final=stopping)
         if stopping:
-            self._abandon("not sent: process exiting (rate limit or retry pending)")
+            self._abandon(_EXITING + " (a rate limit or retry wait)")
         return stopping
 
     def _next_due(self) -> float | None:

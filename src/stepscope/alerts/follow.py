@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from ..analysis.health.config import HealthConfig
-from ..store import RunDir
+from ..store import CONDITIONS_DIR, RunDir
 from .config import RulesConfig
 from .model import Alert, Severity
 from .ranks import StragglerRule
 from .rules import LiveRules, record_value
+from .tail import JsonlTail
 
 __all__ = ["RunWatcher", "pid_state"]
 
@@ -46,8 +45,6 @@ _SRC = "stepscope watch (issue 14)"
 # reported: the ranks of a job that finishes normally exit a moment apart from rank 0,
 # which marks the run finished.
 _GONE_GRACE_S = 5.0
-# Read at most this much of a step file per poll, so a huge backlog is caught up in steps.
-_CHUNK_BYTES = 8 << 20
 
 
 def pid_state(pid: int) -> str | None:
@@ -64,34 +61,6 @@ def pid_state(pid: int) -> str | None:
         except OSError as exc:
             return None if exc.errno == errno.ESRCH else "?"
         return "?"
-
-
-@dataclass
-class _Tail:
-    path: Path
-    offset: int = 0
-    partial: bytes = b""
-
-    def read(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(_CHUNK_BYTES)
-        except OSError:
-            return []
-        self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()  # an unfinished last line waits for its newline
-        out = []
-        for line in lines:
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # a corrupt record: the readers skip it too
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
 
 
 @dataclass
@@ -118,9 +87,9 @@ class RunWatcher:
         self.stall_after_s = stall_after_s or rules.stall_after_s
         self.name = self._name()
         self._state_of = state_of
-        self._tails: dict[Path, _Tail] = {}
-        self._events = _Tail(run.events_path)
-        self._stragglers = StragglerRule(self.name)
+        self._tails: dict[Path, JsonlTail] = {}
+        self._events = JsonlTail(run.events_path)
+        self._stragglers = StragglerRule(self.name, rules.consecutive)
         self._ranks: dict[int, _Rank] = {}
         self._started_s: float | None = None
         self._no_steps_reported = False
@@ -159,8 +128,13 @@ class RunWatcher:
         for ev in self._events.read():
             if ev.get("type") == "cross_rank" and "straggler" not in self.rules_cfg.disable:
                 out.extend(self._stragglers.observe(ev, wall))
+        for path in sorted((self.run.path / CONDITIONS_DIR).glob("rank-*.jsonl")):
+            tail = self._tails.setdefault(path, JsonlTail(path))
+            rank = self._rank(int(path.stem.split("-")[-1]), now)
+            for sample in tail.read():
+                rank.rules.observe_conditions(sample)
         for path in self.run.step_files():
-            tail = self._tails.setdefault(path, _Tail(path))
+            tail = self._tails.setdefault(path, JsonlTail(path))
             for rec in tail.read():
                 out.extend(self._record(rec, now, wall))
         self._read_status()

@@ -46,6 +46,9 @@ class Alert:
     values: Mapping[str, float] = field(default_factory=dict)
     detail: str = ""  # long text (a Python stack); shown in full only where it fits
     time_s: float = 0.0  # UNIX time it fired, given by the caller (never read here)
+    # Names the alert across its events.jsonl records (pending, then delivered); the
+    # dispatcher gives one to an alert submitted without it.
+    id: str = ""
 
     @property
     def key(self) -> str:
@@ -71,5 +74,26 @@ class Alert:
             "rule": self.rule, "severity": self.severity, "run": self.run, "rank": self.rank,
             "step": self.step, "message": self.message, "next_step": self.next_step,
             "source": self.source, "values": vals, "detail": self.detail,
-            "time_s": self.time_s, "key": self.key,
+            "time_s": self.time_s, "key": self.key, "id": self.id,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Alert:
+        """The alert an events.jsonl record holds (the inverse of :meth:`to_dict`)."""
+        def num(v: Any) -> float:
+            try:
+                return float(v)
+            except (TypeError, ValueError):
+                return math.nan
+        sev = str(d.get("severity", "warning"))
+        rank, step = d.get("rank"), d.get("step")
+        values = d.get("values")
+        return cls(
+            rule=str(d.get("rule", "")),
+            severity=sev if sev in SEVERITIES else "critical",
+            run=str(d.get("run", "")), rank=rank if isinstance(rank, int) else None,
+            step=step if isinstance(step, int) else None, message=str(d.get("message", "")),
+            next_step=str(d.get("next_step", "")), source=str(d.get("source", "")),
+            values={str(k): num(v) for k, v in values.items()} if isinstance(values, Mapping)
+            else {}, detail=str(d.get("detail", "")), time_s=num(d.get("time_s", 0.0)),
+            id=str(d.get("id", "")))

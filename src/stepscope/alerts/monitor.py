@@ -24,10 +24,13 @@ from .._live_env import ALERTS_ENV
 from ..errors import StepscopeError
 from ..store import RunDir
 from .config import AlertsConfig, load_alerts_config
-from .delivery import Dispatcher
+from .delivery import CLOSE_WAIT_S, Dispatcher
 from .metrics import MetricsExporter, flops_from_meta
 from .model import Alert
+from .pending import journal_fields
+from .ranks import StragglerRule
 from .rules import LiveRules
+from .tail import JsonlTail
 from .watchdog import StallWatchdog
 
 __all__ = ["LiveMonitor", "LiveHandle", "attach", "start", "ENV_VAR"]
@@ -58,9 +61,21 @@ class LiveMonitor:
         except Exception:  # rank 0 may not have written run.json yet
             name = run.path.name
         self.rules = LiveRules(config.rules, name, rank)
+        # This rank's condition samples, written by the same writer thread just before the
+        # rules run (the conditions log listens first): the environment rules read them.
+        cond = run.conditions_path(rank)
+        self._conditions = JsonlTail(cond, offset=cond.stat().st_size if cond.exists() else 0)
+        # Rank 0 (which sends to the chat sinks) also judges the cross-rank views its merge
+        # thread appends to events.jsonl: every rank's straggler score of each exchange.
+        self._stragglers: StragglerRule | None = None
+        if rank == 0 and "straggler" not in config.rules.disable:
+            self._stragglers = StragglerRule(name, config.rules.consecutive)
+            ev = run.events_path
+            self._events = JsonlTail(ev, offset=ev.stat().st_size if ev.exists() else 0)
         sinks = [s for s in config.sinks if rank == 0 or s.all_ranks or s.type == "console"]
         self.dispatcher = Dispatcher(sinks, record=run.append_event,
-                                     cooldown_s=config.rules.cooldown_s)
+                                     cooldown_s=config.rules.cooldown_s,
+                                     journal=journal_fields(config.source))
         self._wall = wall
         self.on_alert: Callable[[Alert], None] | None = None  # e.g. the metrics counter
         self.watchdog: StallWatchdog | None = None
@@ -80,16 +95,24 @@ class LiveMonitor:
     def on_records(self, records: list[dict[str, Any]]) -> None:
         """Listener for the recorder's writer thread: each record through the rules."""
         now = self._wall()
+        for sample in self._conditions.read():
+            self.rules.observe_conditions(sample)
         for rec in records:
             for alert in self.rules.observe(rec, now):
                 self.submit(alert)
+        if self._stragglers is not None:
+            for ev in self._events.read():  # what was appended since the last batch
+                if ev.get("type") == "cross_rank":
+                    for alert in self._stragglers.observe(ev, now):
+                        self.submit(alert)
 
     def submit(self, alert: Alert) -> None:
         if self.on_alert is not None:
             self.on_alert(alert)
         self.dispatcher.submit(alert)
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Stop the watchdog; give delivery at most ``timeout_s`` (the rest stays pending)."""
         if self.watchdog is not None:
             self.watchdog.stop()
         self.dispatcher.close(timeout_s)

@@ -1,9 +1,12 @@
 """The cross-rank live rule: a rank that is a straggler in consecutive gathers.
 
-Reads the ``{"type": "cross_rank"}`` records the adapters append to events.jsonl at each
-cross-rank exchange (stepscope/crossrank.py: the one straggler score and threshold of
-``HealthConfig``, after NVIDIA's straggler detector). One slow gather can be a checkpoint
-on one node; the same rank slow in ``consecutive`` gathers in a row is a straggler. Pure.
+Reads the ``{"type": "cross_rank"}`` records rank 0's merge thread appends to events.jsonl
+at each cross-rank exchange (stepscope/crossrank.py: the one straggler score and threshold
+of ``HealthConfig``, after NVIDIA's straggler detector): every rank's score of one
+exchange, the same scores each rank's step rows carry as ``straggler_score``. One slow
+gather can be a checkpoint on one node; the same rank below the threshold in
+``consecutive`` gathers in a row (the alert file's ``consecutive``, M) is a straggler.
+Rank 0's in-process monitor and ``stepscope watch`` both run it. Pure.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ __all__ = ["StragglerRule"]
 class StragglerRule:
     """Fires once per episode per rank; re-arms when the rank is no longer flagged."""
 
-    def __init__(self, run: str, consecutive: int = 2) -> None:
+    def __init__(self, run: str, consecutive: int) -> None:
         self.run = run
         self.consecutive = consecutive
         self._streak: dict[int, int] = {}
@@ -43,14 +46,30 @@ class StragglerRule:
             if self._streak[r] != self.consecutive:
                 continue
             score = float(scores.get(str(r), float("nan")))
+            threshold = float(event.get("threshold", _THRESHOLD))
             out.append(Alert(
                 rule="straggler", severity="warning", run=self.run, rank=r, step=step,
-                message=f"rank {r} is a straggler in {self.consecutive} gathers in a row "
-                        f"(score {score:.2f}: the median rank is {1 / score:.2f}x faster)"
-                        if score > 0 else f"rank {r} is a straggler",
+                message=_message(event, r, score, threshold, self.consecutive),
                 next_step="look at that rank's host: throttling, other jobs, a slow link "
                           "(`stepscope diagnose RUN` shows the per-rank line)",
                 source="cross-rank straggler score (nvidia-resiliency-ext), issue 14",
-                values={"score": score, "threshold": float(event.get("threshold", _THRESHOLD))},
+                values={"score": score, "threshold": threshold},
                 time_s=now_s))
         return out
+
+
+def _message(event: Mapping[str, Any], rank: int, score: float, threshold: float,
+             gathers: int) -> str:
+    head = f"rank {rank} is a straggler in {gathers} gathers in a row"
+    if not score > 0:
+        return head
+    head += f": score {score:.2f}, below {threshold:g}"
+    on = str(event.get("score_on") or "")
+    medians = event.get("medians")
+    mine = medians.get(str(rank)) if isinstance(medians, Mapping) else None
+    own = mine.get(on) if isinstance(mine, Mapping) else None
+    if isinstance(own, (int, float)) and own > 0:
+        # score = reference / own (crossrank.straggler_scores), so reference = score x own
+        head += (f" ({on} {own:.3g} s per step against the reference rank's "
+                 f"{score * own:.3g} s)")
+    return head

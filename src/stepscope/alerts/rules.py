@@ -21,63 +21,20 @@ Example::
 
 from __future__ import annotations
 
-import bisect
 import math
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 from ..analysis.health.config import HealthConfig
 from .config import RulesConfig
+from .environment import EnvironmentRule
+from .memory import MemoryTrend
 from .model import Alert, Severity
+from .values import RollingMedian, record_value
 
 __all__ = ["LiveRules", "RollingMedian", "record_value"]
 
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _SRC = "stepscope live rules (issue 14)"
-# Memory creep compares the median peak of the first and of the latest 20 steady steps:
-# enough to ride over one-off allocations, short enough to fire within a few minutes.
-_MEM_WINDOW = 20
-
-
-def record_value(record: Mapping[str, Any], key: str) -> float | None:
-    """A number from a step record: None if not recorded; NaN/inf if the training made one."""
-    v = record.get(key)
-    if isinstance(v, str):
-        return _NONFINITE.get(v)
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    return None
-
-
-class RollingMedian:
-    """Median of the last ``size`` values pushed (a sorted copy beside a FIFO)."""
-
-    def __init__(self, size: int) -> None:
-        self._fifo: deque[float] = deque()
-        self._sorted: list[float] = []
-        self._size = size
-
-    def __len__(self) -> int:
-        return len(self._fifo)
-
-    def push(self, v: float) -> None:
-        self._fifo.append(v)
-        bisect.insort(self._sorted, v)
-        if len(self._fifo) > self._size:
-            old = self._fifo.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
-
-    def median(self) -> float:
-        s, n = self._sorted, len(self._sorted)
-        return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-    def mad(self) -> float:
-        """Median absolute deviation (for the robust z of the loss-spike rule)."""
-        m = self.median()
-        dev = sorted(abs(v - m) for v in self._sorted)
-        n = len(dev)
-        return dev[n // 2] if n % 2 else 0.5 * (dev[n // 2 - 1] + dev[n // 2])
 
 
 class _Streak:
@@ -109,8 +66,8 @@ class LiveRules:
         self.tokens_per_s = RollingMedian(config.window_steps)
         self.losses = RollingMedian(self.health.spike_window)
         self.grad_norms = RollingMedian(self.health.grad_window)
-        self.mem_first = RollingMedian(_MEM_WINDOW)
-        self.mem_recent = RollingMedian(_MEM_WINDOW)
+        self.memory = MemoryTrend(self.health)
+        self.environment = EnvironmentRule(run, rank, config.consecutive, config.window_steps)
         self._streaks = {name: _Streak() for name in ("step_time", "throughput", "data_wait")}
         self._nonfinite = False
         self._fired_once: set[str] = set()
@@ -141,6 +98,8 @@ class LiveRules:
         if self.steps_seen <= self.cfg.warmup_steps:
             return out
         self._grad_and_scale(record, step, now_s, out)
+        out.extend(a for a in self.environment.observe_step(record, step, now_s)
+                   if self._on(a.rule))
         self._memory(record, step, now_s, out)
         slow = self._step_time(st, step, now_s, out)
         self._throughput(record, st, step, now_s, out)
@@ -148,6 +107,10 @@ class LiveRules:
         if not slow:
             self.step_times.push(st)
         return out
+
+    def observe_conditions(self, sample: Mapping[str, Any]) -> None:
+        """A condition sample of this rank (conditions.py), for the environment rules."""
+        self.environment.observe_sample(sample)
 
     def _on(self, rule: str) -> bool:
         return rule not in self.cfg.disable
@@ -287,23 +250,23 @@ class LiveRules:
     def _memory(self, record: Mapping[str, Any], step: int | None, now_s: float,
                 out: list[Alert]) -> None:
         mem = record_value(record, "mem_peak_bytes")
-        if mem is None or not math.isfinite(mem) or mem <= 0:
+        if mem is None or not math.isfinite(mem) or mem <= 0 or not self._on("memory_creep") \
+                or "memory_creep" in self._fired_once:  # once per run: no more judging
             return
-        if len(self.mem_first) < _MEM_WINDOW:
-            self.mem_first.push(mem)
+        creep = self.memory.push(step if step is not None else self.steps_seen, mem)
+        if creep is None or not self._once("memory_creep"):
             return
-        self.mem_recent.push(mem)
-        if len(self.mem_recent) < _MEM_WINDOW:
-            return
-        first, now_med = self.mem_first.median(), self.mem_recent.median()
-        grew = now_med - first
-        h = self.health
-        if grew >= h.mem_creep_frac * first and grew >= h.mem_creep_min_bytes and self._once(
-                "memory_creep"):
-            out.append(self._alert(
-                "memory_creep", "warning", step,
-                f"peak memory grew {grew / 2**20:.0f} MiB ({100 * grew / first:.0f}%) since "
-                "the start of steady state", "something keeps references across steps "
-                "(a list of losses with graphs, a cache); it ends in out-of-memory",
-                {"mem_peak_bytes": now_med, "first_mem_peak_bytes": first}, now_s,
-                "health rules: mem_creep_frac, mem_creep_min_bytes (analysis/health)"))
+        c, mib = creep, 2.0**20
+        grew = c.last_bytes - c.first_bytes
+        out.append(self._alert(
+            "memory_creep", "warning", step,
+            f"peak memory keeps growing: {c.first_bytes / mib:.0f} MiB to "
+            f"{c.last_bytes / mib:.0f} MiB (+{100 * grew / c.first_bytes:.0f}%) over steps "
+            f"{c.first_step}-{c.last_step}, {c.bytes_per_step / mib:.2f} MiB per step "
+            f"(rank correlation {c.rank_correlation:.2f})",
+            "something keeps references across steps (a list of losses with graphs, a "
+            "cache); at this rate it ends in out-of-memory",
+            {"mem_peak_bytes": c.last_bytes, "first_mem_peak_bytes": c.first_bytes,
+             "bytes_per_step": c.bytes_per_step, "rank_correlation": c.rank_correlation},
+            now_s, "health rules: memory_creep (mem_creep_frac, mem_creep_min_bytes, "
+            "mem_creep_min_corr; Theil-Sen slopes in both halves)"))

@@ -3,7 +3,9 @@
 PATH is a run directory (the watch ends when the run does) or a root of runs (new runs are
 picked up as they appear; it runs until interrupted). Alerts go to the alert file's sinks
 from this process's sender thread and into each run's events.jsonl, marked
-``"observer": "watch"``; ``emit`` (the CLI's printer) sees each one first.
+``"observer": "watch"``; ``emit`` (the CLI's printer) sees each one first. When a rank's
+process is found gone, the alerts that process recorded as pending (it was killed before
+sending them) are delivered from here (:func:`~stepscope.alerts.pending.flush_pending`).
 
 Example::
 
@@ -13,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +27,7 @@ from .config import AlertsConfig
 from .delivery import Dispatcher
 from .follow import RunWatcher
 from .model import Alert
+from .pending import flush_pending, journal_fields
 
 __all__ = ["watch_path", "find_runs"]
 
@@ -48,6 +52,16 @@ def find_runs(root: Path, depth: int = 2) -> list[Path]:
     return out
 
 
+def _flush(run: RunDir, config: AlertsConfig) -> None:
+    """Deliver what a killed process left pending (its own alert file if ours has no sinks)."""
+    try:
+        flush_pending(run, config if config.sinks else None, timeout_s=30.0,
+                      observer="watch")
+    except Exception as exc:  # the watch goes on: the alerts stay pending for a later flush
+        print(f"stepscope watch: pending alerts not delivered: {type(exc).__name__}",
+              file=sys.stderr)
+
+
 class _Recorder:
     """Routes each alert record to its run's events.jsonl."""
 
@@ -69,7 +83,8 @@ def watch_path(path: str | Path, config: AlertsConfig, stall_after_s: float,
         raise RunDirError(f"{root}: no such run directory or root of runs")
     single = is_run_dir(root)
     record = _Recorder()
-    dispatcher = Dispatcher(config.sinks, record=record, cooldown_s=config.rules.cooldown_s)
+    dispatcher = Dispatcher(config.sinks, record=record, cooldown_s=config.rules.cooldown_s,
+                            journal={**journal_fields(config.source), "observer": "watch"})
     watchers: dict[Path, RunWatcher] = {}
     start = time.monotonic()
     next_discover = start
@@ -86,9 +101,12 @@ def watch_path(path: str | Path, config: AlertsConfig, stall_after_s: float,
             for w in list(watchers.values()):
                 if w.done:
                     continue
-                for alert in w.poll(now, time.time()):
+                found = w.poll(now, time.time())
+                for alert in found:
                     emit(alert)
                     dispatcher.submit(alert)
+                if any(a.rule == "process_gone" for a in found):
+                    _flush(w.run, config)
             if single and all(w.done for w in watchers.values()):
                 return 0 if all(w.status == "finished" for w in watchers.values()) else 1
             if max_s is not None and now - start >= max_s:

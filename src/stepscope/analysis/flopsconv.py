@@ -21,7 +21,8 @@ from ..schema import RunMeta
 
 __all__ = ["with_flops_convention", "FLOPS_FIELDS"]
 
-FLOPS_FIELDS = ("flops_per_token", "hardware_flops_per_token", "flops_convention")
+FLOPS_FIELDS = ("flops_per_token", "hardware_flops_per_token", "flops_per_sample",
+                "hardware_flops_per_sample", "flops_convention")
 
 
 def with_flops_convention(meta: RunMeta, name: str) -> RunMeta:
@@ -33,6 +34,6 @@ def with_flops_convention(meta: RunMeta, name: str) -> RunMeta:
         raise ConfigError(f"{meta.run_id or 'this run'} has no FLOPs count under convention "
                           f"{name!r} (it needs the model's layers, heads and hidden width, "
                           f"read from model.config); recorded: {have}")
-    env = dict(meta.environment)
+    env = {k: v for k, v in meta.environment.items() if k not in FLOPS_FIELDS}
     env.update({k: table[name][k] for k in FLOPS_FIELDS if k in table[name]})
     return dataclasses.replace(meta, environment=env)

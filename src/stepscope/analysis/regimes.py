@@ -49,7 +49,7 @@ import numpy as np
 from ..schema import AnyArray, StepTable
 
 __all__ = ["Regime", "Regimes", "find_regimes", "segment", "ENVIRONMENT_CAUSES",
-           "condition_columns", "window_values", "host_took_cpu",
+           "condition_columns", "window_values", "host_took_cpu", "environment_cause",
            "MIN_SHIFT", "MIN_REGIME_STEPS", "MAX_REGIMES"]
 
 # A regime's typical step time differs from its neighbour's by at least 20%: step times of
@@ -346,6 +346,36 @@ def host_took_cpu(cpu_per_wall: float, preempt_per_s: float, ref_cpu_per_wall: f
                                                             ref_preempt_per_s))
 
 
+def _environment(r: Regime, ref: Regime) -> tuple[str, str] | None:
+    why = _throttled(r, ref)
+    if why:
+        return "throttling", why
+    why = _contended(r, ref)
+    return ("contention", why) if why else None
+
+
+def environment_cause(cur: Mapping[str, float], ref: Mapping[str, float],
+                      ref_steps: tuple[int, int] = (0, 0)) -> tuple[str, str] | None:
+    """``("throttling" | "contention", evidence)`` when the environment explains a stretch
+    of steps against a reference stretch (steps ``ref_steps``), by the thresholds a
+    regime is attributed with; else None. The live alert rules call it.
+
+    Both mappings hold medians: ``cpu_per_wall`` and ``preempt_per_s`` (per step, from
+    the step records' ``cpu_s`` and ``preempt``) and any condition field
+    (``main_oncpu_frac``, ``main_runq_frac``, ``cpu_mhz``, ...); a missing or non-finite
+    one is not evidence.
+    """
+    def regime(d: Mapping[str, float]) -> Regime:
+        def num(key: str) -> float | None:
+            v = d.get(key)
+            return float(v) if v is not None and math.isfinite(v) else None
+        return Regime(index=0, first_step=ref_steps[0], last_step=ref_steps[1], steps=1,
+                      step_time_s=1.0, tokens_per_s=None, cpu_per_wall=num("cpu_per_wall"),
+                      preempt_per_s=num("preempt_per_s"),
+                      conditions={k: v for k in _COND_FIELDS if (v := num(k)) is not None})
+    return _environment(regime(cur), regime(ref))
+
+
 def _attribute(r: Regime, ref: Regime) -> None:
     slower = r.step_time_s / ref.step_time_s - 1.0
     if r is ref:
@@ -356,13 +386,9 @@ def _attribute(r: Regime, ref: Regime) -> None:
         return
     how = f"{1 + slower:.1f}x as long as" if slower >= 1 else f"{slower:.0%} slower than"
     head = f"steps {how} {ref.name}: "
-    why = _throttled(r, ref)
-    if why:
-        r.cause, r.evidence = "throttling", head + why
-        return
-    why = _contended(r, ref)
-    if why:
-        r.cause, r.evidence = "contention", head + why
+    env = _environment(r, ref)
+    if env:
+        r.cause, r.evidence = env[0], head + env[1]
         return
     cpu_q = _ratio(r.cpu_per_wall, ref.cpu_per_wall)
     if cpu_q is None:

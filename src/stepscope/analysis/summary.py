@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from ..calc import flops
 from ..schema import BETWEEN_STEP_COLUMNS, AnyArray, RunMeta, StepTable
+from .mfu import run_mfu
 from .regimes import Regimes, find_regimes
 
 __all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "headline_mask", "Conditions",
@@ -303,44 +303,6 @@ def _throughput(steady: StepTable, col: str) -> float | None:
     return total or None
 
 
-def run_mfu(tokens_per_s: float | None, meta: RunMeta | None, ranks: int = 1
-            ) -> tuple[float | None, float | None, str]:
-    """(MFU, HFU, note) of a throughput with run.json's FLOPs per token and device peak.
-
-    The one MFU of reports, ledgers, the index and the demo's live progress line; the
-    formula is the calculator's (:func:`stepscope.calc.flops.mfu`). Devices: run.json's
-    ``num_devices``, else ``ranks``. Unknown inputs give None and the note says which.
-
-    Example::
-
-        mfu, hfu, note = run_mfu(sheet.tokens_per_s, run.read_meta(), ranks=2)
-    """
-    env = meta.environment if meta else {}
-    fpt, peak = _positive(env.get("flops_per_token")), _positive(env.get("peak_flops_per_device"))
-    if tokens_per_s is None or not tokens_per_s > 0:
-        return None, None, "no token counts recorded"
-    if fpt is None:
-        return None, None, "model FLOPs per token unknown (record flops_per_token)"
-    if peak is None:
-        return None, None, str(env.get("peak_flops_source") or "device peak FLOP/s unknown")
-    devices = max(1, int((meta.baseline.get("num_devices") if meta else None) or ranks or 1))
-    hw = _positive(env.get("hardware_flops_per_token")) or fpt
-    conv = env.get("flops_convention", "unspecified convention")
-    src = env.get("peak_flops_source", "unspecified source")
-    return (flops.mfu(tokens_per_s, fpt, peak, devices),
-            flops.hfu(tokens_per_s, hw, peak, devices),
-            f"{conv}; peak {peak / 1e12:.3g} TFLOP/s per device ({src})")
-
-
-def _positive(v: Any) -> float | None:
-    """``v`` as a float when it is a finite positive number, else None."""
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) and x > 0 else None
-
-
 def _rank_lines(steady: StepTable) -> list[RankLine]:
     """Per-rank medians and shares; compute = forward + backward (+ fused) + optimizer."""
     g = _Groups.of(steady["rank"])
@@ -420,8 +382,8 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
     st = steady["step_time_s"]
     st = st[np.isfinite(st)]
     total = float(st.sum()) if st.size else 0.0
-    tps = _throughput(steady, "tokens")
-    mfu, hfu, mfu_note = run_mfu(tps, meta, ranks)
+    tps, sps = _throughput(steady, "tokens"), _throughput(steady, "samples")
+    mfu, hfu, mfu_note = run_mfu(tps, meta, ranks, samples_per_s=sps)
     phase_frac, phase_source = _phase_split(steady) if total else ({}, "no steps")
     first, last, lmin = _loss_stats(table)
     acc = table["accuracy"][np.isfinite(table["accuracy"])] if len(table) else np.array([])
@@ -433,7 +395,7 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
         steps=steps, ranks=ranks, warmup_steps=int(len(table) - mask.sum()) if mask.any() else 0,
         loss_first=first, loss_last=last, loss_min=lmin, perplexity=ppl,
         accuracy_last=float(acc[-1]) if acc.size else None,
-        tokens_per_s=tps, samples_per_s=_throughput(steady, "samples"),
+        tokens_per_s=tps, samples_per_s=sps,
         step_time_s=float(np.median(st)) if st.size else None,
         step_time_p90_s=float(np.percentile(st, 90)) if st.size else None,
         mfu=mfu, hfu=hfu, mfu_note=mfu_note,

@@ -28,7 +28,8 @@ __all__ = ["main", "cli", "COMMANDS"]
 # The line is the first paragraph of the command's docstring; tests/core/test_public_surface.py
 # checks that the two agree.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "alerts": ("alerts", "Alert files: check one against its chat robots."),
+    "alerts": ("alerts", "Alerts: check an alert file against its chat robots, deliver a "
+               "run's pending alerts."),
     "compare": ("compare", "Compare RUN_B against the baseline RUN_A: one variable, two "
                            "ledgers, one verdict."),
     "demo": ("demo", "Train a tiny GPT on the CPU, measure everything, print the "

@@ -52,7 +52,9 @@ from .common import emit_json
 @click.option("--flops-convention", default=None, metavar="NAME",
               help="FLOPs convention of the run's MFU: matmul (default: 6 x matmul "
                    "parameters, embedding lookups left out), palm, torchtitan, 6n, megatron, "
-                   "megatron-2022 (those with an attention term need model.config's shape).")
+                   "megatron-2022 (those with an attention term need model.config's shape), "
+                   "counted (forward FLOPs counted on the model x 3; the default when no "
+                   "token ids are seen, e.g. CNNs and MLPs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: int,
@@ -93,6 +95,10 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
         env.update(live_env(alerts_file, metrics_port))
     outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env,
                      grace_s=grace_s)
+    if env.get("STEPSCOPE_ALERTS"):  # the launcher outlives a killed trainer: send its rest
+        from ..alerts.launch import flush_after_run
+
+        flush_after_run(outcome.run_dir, env["STEPSCOPE_ALERTS"])
     if outcome.profile_dir is not None:  # analysed here: never in the launcher or trainer
         outcome.profile_analysis = _analyze_profile(outcome.run_dir, outcome.profile_dir,
                                                     profile_steps)

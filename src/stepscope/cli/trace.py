@@ -114,8 +114,12 @@ def show_cmd(paths: tuple[Path, ...], hta_compatible: bool, steps: str | None, t
 @_hta_opt
 @_steps_opt
 @click.option("--top", default=20, show_default=True, help="Ops to list.")
+@click.option("--by", "by", type=click.Choice(["auto", "name", "type"]), default="auto",
+              show_default=True,
+              help="Match ops by name or by op type (auto: by type where names carry "
+                   "scopes, as MindSpore's do; a PyNative and a graph profile then match).")
 @_json_opt
-def diff_cmd(a: Path, b: Path, hta_compatible: bool, steps: str | None, top: int,
+def diff_cmd(a: Path, b: Path, hta_compatible: bool, steps: str | None, top: int, by: str,
              as_json: bool) -> None:
     """Compare trace B against baseline A, per phase and per op (per step).
 
@@ -125,7 +129,7 @@ def diff_cmd(a: Path, b: Path, hta_compatible: bool, steps: str | None, top: int
     sel = parse_step_range(steps, "--steps")
     rep_a = analyze(_read([a]), hta_compatible=hta_compatible, steps=sel)
     rep_b = analyze(_read([b]), hta_compatible=hta_compatible, steps=sel)
-    diff = diff_reports(rep_a, rep_b)
+    diff = diff_reports(rep_a, rep_b, by=by)
     if as_json:
         emit_json({"a": str(a), "b": str(b), **diff.to_dict()})
         return

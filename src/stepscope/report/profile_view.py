@@ -46,12 +46,13 @@ def profile_html(doc: Mapping[str, Any] | None) -> str:
     ops = [o for o in report.get("top_ops") or [] if isinstance(o, Mapping)][:15]
     names = fit_names([str(o.get("name", "")) for o in ops], _OP_CHARS)
     op_rows = "".join(
-        f"<tr><td title=\"{_e(o.get('name'))}\">{_e(n)}</td><td>{_e(o.get('kind'))}</td>"
+        f"<tr><td>{_e(o.get('op_type') or o.get('name'))}</td>"
+        f"<td title=\"{_e(o.get('name'))}\">{_e(n)}</td><td>{_e(o.get('kind'))}</td>"
         f"<td class=v>{_e(o.get('count'))}</td>"
         f"<td class=v>{float(o.get('total_us') or 0) / 1e3:.2f}</td>"
         f"<td class=v>{float(o.get('share_pct') or 0):.1f}%</td></tr>"
         for o, n in zip(ops, names, strict=True))
     return (f"<p class=dim>capture {_e((doc or {}).get('profile_dir', ''))}: mean per "
             f"profiled step</p><table><tr><th>rank</th>{head}</tr>{rows}</table>"
-            "<h3>Top ops</h3><table><tr><th>op</th><th>kind</th><th>count</th>"
+            "<h3>Top ops</h3><table><tr><th>type</th><th>op</th><th>kind</th><th>count</th>"
             f"<th>total ms</th><th>share</th></tr>{op_rows}</table>")

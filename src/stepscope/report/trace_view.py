@@ -98,6 +98,7 @@ def _step_section(console: Console, rep: RankReport, width: int) -> None:
 
 
 def _ops_table(report: TraceReport, top: int, console_width: int) -> Table:
+    ops = report.top_ops[:top]
     tab = Table(title=f"Top {top} ops", title_justify="left")
     width = name_width(console_width, _OPS_OTHER_COLS)
     for col in ("op", "kind", "count", "total ms", "self ms", "share", "queue µs"):
@@ -105,12 +106,20 @@ def _ops_table(report: TraceReport, top: int, console_width: int) -> Table:
                        overflow="fold", no_wrap=col != "op",
                        min_width=None if col == "op" else len(col),
                        max_width=width if col == "op" else None)
-    ops = report.top_ops[:top]
     for o, name in zip(ops, fit_names([o.name for o in ops], width), strict=True):
-        tab.add_row(escape(name), o.kind, str(o.count), _ms(o.total_us), _ms(o.self_us),
-                    f"{o.share_pct:.1f}%",
+        tab.add_row(_op_cell(o.op_type, name), o.kind, str(o.count), _ms(o.total_us),
+                    _ms(o.self_us), f"{o.share_pct:.1f}%",
                     "-" if o.queue_mean_us is None else f"{o.queue_mean_us:.1f}")
     return tab
+
+
+def _op_cell(op_type: str, fitted_name: str) -> str:
+    """The op type on its own line above the (fitted) name when they differ: MindSpore
+    names carry their scope first, and fitting one to the width must not hide the type
+    (``Conv2DBackpropFilter`` of ``Gradients/.../conv2-Conv2d/Conv2DBackpropFilter-op1``)."""
+    if not op_type or op_type == fitted_name:
+        return escape(fitted_name)
+    return f"[bold]{escape(op_type)}[/bold]\n[dim]{escape(fitted_name)}[/dim]"
 
 
 def render_trace_report(console: Console, report: TraceReport, top: int = 10) -> None:
@@ -151,14 +160,16 @@ def render_trace_diff(console: Console, diff: TraceDiff, top: int = 20) -> None:
     for p in diff.phases:
         ph.add_row(p.phase, _ms(p.a_us), _ms(p.b_us), f"{p.delta_us / 1000:+.2f}", p.status)
     console.print(ph)
-    ops = Table(title=f"Ops (µs per step, largest changes first, top {top})",
+    ops = Table(title=f"Ops by {'op type' if diff.matched_by == 'type' else 'name'} "
+                      f"(µs per step, largest changes first, top {top})",
                 title_justify="left")
     width = name_width(console.width, _DIFF_OTHER_COLS)
-    for col in ("op", "kind", "A", "B", "delta", "status"):
-        ops.add_column(col, justify="left" if col in ("op", "kind", "status") else "right",
-                       overflow="fold", no_wrap=col != "op",
-                       min_width=None if col == "op" else 7,
-                       max_width=width if col == "op" else None)
+    for col in ("op type" if diff.matched_by == "type" else "op", "kind", "A", "B", "delta",
+                "status"):
+        first = col.startswith("op")
+        ops.add_column(col, justify="left" if first or col in ("kind", "status") else "right",
+                       overflow="fold", no_wrap=not first, min_width=None if first else 7,
+                       max_width=width if first else None)
     shown = diff.ops[:top]
     for o, name in zip(shown, fit_names([o.name for o in shown], width), strict=True):
         ops.add_row(escape(name), o.kind, f"{o.a_us_per_step:.1f}",

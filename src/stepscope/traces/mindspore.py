@@ -1,5 +1,8 @@
 """Reader for MindSpore profiler output directories (``*_ascend_ms/``) -> EventTable.
 
+Also read here (``traces/mindspore_legacy.py``): msprof ``PROF_*`` directories and the
+flat ``profiler/`` folder of MindSpore <= 2.3.
+
 One event table per rank found under a path. Formats, each with one declarative mapping
 (raw key -> column, type, default) in ``traces/mindspore_formats.py``; per rank directory
 the first present of kernel_details.csv, trace_view.json, cpu_op_execute_timestamp gives the
@@ -37,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import csv
 import re
 from pathlib import Path
 from typing import Any
@@ -54,7 +58,15 @@ from .mindspore_formats import (
     read_step_trace,
     read_trace_view,
 )
-from .mindspore_phases import MARKERS_FILE, annotate
+from .mindspore_legacy import (
+    is_legacy_dir,
+    is_msprof_dir,
+    legacy_rank,
+    msprof_rank,
+    read_legacy,
+    read_msprof,
+)
+from .mindspore_phases import MARKERS_FILE, annotate, op_type
 
 __all__ = ["read", "looks_like", "read_rank_dir", "find_rank_dirs"]
 
@@ -68,7 +80,12 @@ _RANK_FILE_RE = re.compile(r"_(\d+)\.(?:txt|csv|json)$")
 
 
 def _rank_of(d: Path) -> int | None:
-    """Rank from the per-rank file names MindSpore writes (``*_{rank}.txt``/``.json``)."""
+    """Rank from the per-rank file names MindSpore writes (``*_{rank}.txt``/``.json``);
+    an msprof directory's device id."""
+    if is_msprof_dir(d):
+        return msprof_rank(d)
+    if is_legacy_dir(d):
+        return legacy_rank(d)
     candidates = [*sorted((d / FRAMEWORK_DIR).glob("cpu_op_execute_timestamp_*.txt")),
                   *sorted(d.glob("profiler_info_*.json")),
                   *sorted((d / FRAMEWORK_DIR).glob("cpu_op_detail_info_*.csv"))]
@@ -80,7 +97,10 @@ def _rank_of(d: Path) -> int | None:
 
 
 def _is_rank_dir(d: Path) -> bool:
-    return d.is_dir() and ((d / OUTPUT_DIR).is_dir() or (d / FRAMEWORK_DIR).is_dir())
+    """A MindSpore ``*_ascend_ms`` output, an msprof ``PROF_*`` directory, or an older
+    MindSpore ``profiler/`` folder (``traces/mindspore_legacy.py``)."""
+    return d.is_dir() and ((d / OUTPUT_DIR).is_dir() or (d / FRAMEWORK_DIR).is_dir()
+                           or is_msprof_dir(d) or is_legacy_dir(d))
 
 
 def find_rank_dirs(path: Path, max_depth: int = 4) -> list[Path]:
@@ -124,7 +144,14 @@ def read_rank_dir(d: Path, rank: int | None = None) -> EventTable:
     meta: dict[str, Any] = {"framework": "mindspore", "path": str(d)}
     kernels, trace_view = out / "kernel_details.csv", out / "trace_view.json"
     op_txt = sorted(fw.glob("cpu_op_execute_timestamp_*.txt")) if fw.is_dir() else []
-    if kernels.is_file():
+    if is_msprof_dir(d):
+        b, skipped = read_msprof(d)
+        meta["format"] = "msprof"
+        meta["rank_source"] = "the msprof device id (msprof does not know the job's rank)"
+    elif is_legacy_dir(d) and not out.is_dir() and not fw.is_dir():
+        b, skipped = read_legacy(d)
+        meta["format"] = "mindspore profiler/ (MindSpore <= 2.3 layout)"
+    elif kernels.is_file():
         b = Builder(str(kernels))
         skipped = read_kernel_details(kernels, b)
     elif trace_view.is_file():
@@ -155,22 +182,49 @@ def read_rank_dir(d: Path, rank: int | None = None) -> EventTable:
                                f"({b.source}); was any step profiled?")
     meta["rows_skipped"] = skipped
     if rank is None:
-        meta["rank_source"] = "no per-rank file name found; rank 0 assumed"
+        meta["rank_source"] = "no per-rank file name or device id found; rank 0 assumed"
     table = b.build(0 if rank is None else rank, meta)
-    return annotate(table, _load_markers(d, 0 if rank is None else rank))
+    # The breakdown keys ranks by meta["rank"] (else the table's position): one rank's
+    # directory read alone (rank 1 of an msrun capture) must stay rank 1.
+    table.meta["rank"] = 0 if rank is None else rank
+    known = {**_cpu_op_types(fw), **b.op_types}
+    table.meta["op_types"] = [known.get(n) or op_type(n) for n in table.names]
+    steps, phases = _load_markers(d, 0 if rank is None else rank)
+    return annotate(table, steps, phases)
 
 
-def _load_markers(d: Path, rank: int) -> list[dict[str, Any]] | None:
-    """Step windows stepscope's own capture wrote beside the profile (epoch us), if any."""
+def _cpu_op_types(fw: Path) -> dict[str, str]:
+    """Full op name -> op type from ``FRAMEWORK/cpu_op_detail_info_{rank}.csv`` (CPU)."""
+    out: dict[str, str] = {}
+    for f in sorted(fw.glob("cpu_op_detail_info_*.csv")) if fw.is_dir() else []:
+        try:
+            with f.open(newline="", errors="replace") as fh:
+                for row in csv.DictReader(fh):
+                    name, kind = row.get("full_op_name"), row.get("op_type")
+                    if name and kind:
+                        out[name.strip()] = kind.strip()
+        except (OSError, csv.Error):
+            continue
+    return out
+
+
+def _load_markers(d: Path, rank: int
+                  ) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+    """Step windows and phase windows stepscope's own capture wrote beside the profile
+    (epoch us), if any: (steps, phases)."""
     for f in (d / MARKERS_FILE, d.parent / MARKERS_FILE):
         if f.is_file():
             try:
                 data = orjson.loads(f.read_bytes())
             except (orjson.JSONDecodeError, OSError):
-                return None
-            steps = data.get("steps", []) if isinstance(data, dict) else data
-            return [s for s in steps if isinstance(s, dict) and s.get("rank", rank) == rank]
-    return None
+                return None, None
+            doc = data if isinstance(data, dict) else {"steps": data}
+            return _mine(doc.get("steps"), rank), _mine(doc.get("phases"), rank) or None
+    return None, None
+
+
+def _mine(rows: Any, rank: int) -> list[dict[str, Any]]:
+    return [s for s in rows or [] if isinstance(s, dict) and s.get("rank", rank) == rank]
 
 
 def read(path: Path) -> list[EventTable]:

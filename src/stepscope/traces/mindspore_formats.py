@@ -159,6 +159,7 @@ class Builder:
         self.stream: list[int] = []
         self.step: list[int] = []
         self.extra: dict[str, list[float]] = {}
+        self.op_types: dict[str, str] = {}  # name -> op type, where the format says it
 
     def add(self, kind: str, name: str, whole: int, frac: float, dur: float, stream: int,
             step: int = -1, **extra: float) -> None:
@@ -377,6 +378,8 @@ def read_kernel_details(path: Path, b: Builder) -> int:
             skipped += 1
             continue
         kind = "comm" if is_comm_op(r["name"]) or is_comm_op(r["op_type"]) else "compute"
+        if r["op_type"]:
+            b.op_types[r["name"]] = r["op_type"]
         b.add(kind, r["name"], whole, frac, r["dur_us"], r["stream"], r["step"],
               wait_us=r["wait_us"])
     return skipped

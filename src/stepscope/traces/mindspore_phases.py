@@ -8,7 +8,15 @@ Phases from op names. In GRAPH mode MindSpore names each op by the cell scope it
 (``PHASE_RULES``, first match wins) were read off real MindSpore 2.10 CPU output
 (../shared/data/traces/mindspore-cpu and profiles made by tests/scripts/ms_*.py). Ops without a
 scope (``Expand/_MatMulExt/...``: pieces of an expanded composite op) take the phase of the op
-that ran just before them. Flat names (PyNative mode) give no split: every op is "other".
+that ran just before them. PyNative names are flat ("MatMul", "Default/Conv2D-op0"): without
+marks only the few gradient-named ops ("ReluGrad") anchor a guess, said so in the source.
+
+Phases from stepscope's marks. PyNative names are flat, so a PyNative capture hooks the
+network and optimizer (``integrations/mindspore/marks.py``) and writes the phase windows
+beside the profile; when present they decide the phase of every op of the steps they cover
+(an op takes the window its start falls in; between windows: "other"; collectives: comm).
+Between the network's forward end and its backward begin the loss function runs, then its
+gradient: that window is cut at the gradient seed op (``GRAD_SEED_OP_TYPES``).
 
 Steps. stepscope's own capture writes the step windows it timed beside the profile
 (``stepscope_steps.json``, epoch microseconds): those are used when present. Otherwise a
@@ -39,8 +47,9 @@ from ..schema import EVENT_KINDS, EventTable
 
 Arr = npt.NDArray[Any]
 
-__all__ = ["PHASE_NAMES", "PHASE_RULES", "MARKERS_FILE", "op_phase", "is_comm_op", "annotate",
-           "phase_busy_us"]
+__all__ = ["PHASE_NAMES", "PHASE_RULES", "MARKERS_FILE", "GRAD_SEED_OP_TYPES", "op_phase",
+           "op_type",
+           "is_comm_op", "annotate", "phase_busy_us"]
 
 MARKERS_FILE = "stepscope_steps.json"
 PHASE_NAMES: tuple[str, ...] = ("forward", "backward", "optimizer", "comm", "other")
@@ -76,8 +85,13 @@ PHASE_RULES: tuple[tuple[int, re.Pattern[str]], ...] = (
 )
 
 
-def _op_type(name: str) -> str:
+def op_type(name: str) -> str:
+    """The primitive of a MindSpore op name: its last path part without ``-opN``
+    (``Gradients/Default/.../Conv2DBackpropFilter-op3`` -> ``Conv2DBackpropFilter``)."""
     return _OP_SUFFIX.sub("", name.rsplit("/", 1)[-1])
+
+
+_op_type = op_type
 
 
 def is_comm_op(name: str) -> bool:
@@ -126,8 +140,11 @@ def _resolve_flat(codes: Arr, step: Arr, start: Arr) -> Arr:
     bwd = codes == _BWD
     np.minimum.at(first_bwd, inv[bwd], start[bwd])
     limit = first_bwd[inv]
+    # A step with no backward-scoped op at all gives no basis: PyNative names look like
+    # this ("Default/Conv2D-op0", "Default/Conv2DBackpropFilter-op0") and were all
+    # called forward before (the field report's "forward 62.8 ms" for 26 ms).
     out[flat & (start < limit)] = _FWD
-    out[flat & (start >= limit)] = _UNKNOWN
+    out[flat & ((start >= limit) | ~np.isfinite(limit))] = _UNKNOWN
     return out
 
 
@@ -218,8 +235,63 @@ def _assign_steps(t: EventTable, ops: Arr,
                   "each step starts where the first once-per-step op starts again")
 
 
-def annotate(t: EventTable, markers: Sequence[dict[str, Any]] | None = None) -> EventTable:
-    """Add steps, phase codes, step rows and phase rows to a MindSpore op table."""
+# The ops value_and_grad / GradOperation start a backward with: the gradient seed
+# ones_like(loss) (MindSpore 2.10 CPU PyNative writes "OnesLike" or "Ones").
+GRAD_SEED_OP_TYPES: frozenset[str] = frozenset({"OnesLike", "Ones", "Fill", "FillV2"})
+_LOSS = -3  # the window between the network's forward end and its backward begin
+
+
+def _phases_from_marks(start_abs: Arr, step: Arr, types: Arr,
+                       marks: Sequence[dict[str, Any]]) -> tuple[Arr, Arr]:
+    """(covered, code) per op from stepscope's phase windows (epoch us): ops of a step that
+    has windows take the phase of the window their start falls in, else "other". A loss
+    window (the loss function, then its gradient) is forward up to its first gradient-seed
+    op and backward from it (all forward when it has none)."""
+    names = {n: i for i, n in enumerate(PHASE_NAMES)}
+    names["loss"] = _LOSS
+    rows = sorted((float(m["start_us"]), float(m["end_us"]), names[str(m["name"])])
+                  for m in marks if str(m.get("name")) in names)
+    marked_steps = np.unique([int(m["step"]) for m in marks if "step" in m])
+    covered = np.isin(step, marked_steps)
+    code = np.full(start_abs.size, _OTHER, dtype=np.int64)
+    if not rows:
+        return covered, code
+    ws, we, wp = (np.asarray(c) for c in zip(*rows, strict=True))
+    i = np.searchsorted(ws, start_abs, side="right") - 1
+    inside = (i >= 0) & (start_abs <= we[np.maximum(i, 0)])
+    code[inside] = wp[i[inside]]
+    seed = np.isin(types, list(GRAD_SEED_OP_TYPES))
+    for w in np.flatnonzero(wp == _LOSS):
+        in_w = inside & (i == w)
+        seeds = start_abs[in_w & seed]
+        cut = seeds.min() if seeds.size else np.inf
+        code[in_w] = np.where(start_abs[in_w] >= cut, _BWD, _FWD)
+    return covered, code
+
+
+def _name_phases(codes: Arr, ops: Arr, order: Arr,
+                 warnings: list[str]) -> tuple[Arr, str]:
+    """Phase per row from op names (graph-mode scopes; see the module docstring)."""
+    scoped = int((codes[ops] != _UNKNOWN).sum())
+    filled = codes.copy()
+    filled[order], n_filled = _fill_unknown(codes[order])
+    if ops.any() and scoped == 0:
+        filled[:] = _OTHER
+        warnings.append("no forward/backward/optimizer split: op names have no graph scope")
+        return filled, ("none: op names carry no scope (PyNative mode?), no phase split; "
+                        "a capture by stepscope (profile_steps) marks the phases")
+    return filled, ("inferred from op names (graph-mode scopes); "
+                    f"{n_filled} unscoped ops took the phase of the op before them")
+
+
+def annotate(t: EventTable, markers: Sequence[dict[str, Any]] | None = None,
+             phase_marks: Sequence[dict[str, Any]] | None = None) -> EventTable:
+    """Add steps, phase codes, step rows and phase rows to a MindSpore op table.
+
+    ``phase_marks``: stepscope's phase windows (``{"step", "name", "start_us", "end_us"}``,
+    epoch us), written during a PyNative capture; they replace the op-name rules for the
+    steps they cover.
+    """
     ops = np.isin(t.kind, [EVENT_KINDS.index("compute"), EVENT_KINDS.index("comm")])
     warnings: list[str] = list(t.meta.get("warnings", []))
     name_phase = np.array([op_phase(n) for n in t.names], dtype=np.int64)
@@ -227,16 +299,24 @@ def annotate(t: EventTable, markers: Sequence[dict[str, Any]] | None = None) -> 
     step, step_source = _assign_steps(t, ops, markers)
     codes = _resolve_flat(codes, step, t.start_us)
     order = np.argsort(t.start_us, kind="stable")
-    scoped = int((codes[ops] != _UNKNOWN).sum())
-    filled = codes.copy()
-    filled[order], n_filled = _fill_unknown(codes[order])
-    if ops.any() and scoped == 0:
-        filled[:] = _OTHER
-        phase_source = "none: op names carry no scope (PyNative mode?), no phase split"
-        warnings.append("no forward/backward/optimizer split: op names have no graph scope")
+    if phase_marks:
+        origin = float(t.meta.get("time_origin_us", 0))
+        types = np.array([_op_type(n) for n in t.names], dtype=object)
+        covered, marked = _phases_from_marks(t.start_us + origin, step,
+                                             types[t.name] if len(t) else types, phase_marks)
+        covered &= ops
+        filled = np.where(covered, marked, _OTHER)
+        if (ops & ~covered).any():  # steps without marks (e.g. a @jit step): by name
+            by_name, _ = _name_phases(codes, ops, order, [])
+            filled = np.where(covered, filled, by_name)
+        filled = np.where(codes == _COMM, _COMM, filled)
+        in_window = int((covered & (marked != _OTHER)).sum())
+        phase_source = (f"stepscope phase marks ({MARKERS_FILE}: network and optimizer "
+                        f"hooks, each after a device sync); {in_window} of "
+                        f"{int(covered.sum())} marked-step ops fall in a phase window, the "
+                        "others (between windows) count as other")
     else:
-        phase_source = ("inferred from op names (graph-mode scopes); "
-                        f"{n_filled} unscoped ops took the phase of the op before them")
+        filled, phase_source = _name_phases(codes, ops, order, warnings)
     if (step[ops] < 0).any():
         warnings.append(f"{int((step[ops] < 0).sum())} ops fall outside every step")
     if not (t.kind == EVENT_KINDS.index("comm")).any():

@@ -19,7 +19,8 @@ from ...schema import AnyArray, StepTable
 
 __all__ = [
     "MAD_TO_SIGMA", "robust_sigma", "trailing_median", "trailing_robust_z", "runs_of",
-    "spearman", "best_split", "rank_series", "first_rank_with", "quarter_medians",
+    "spearman", "average_ranks", "theil_sen_slope", "best_split", "rank_series",
+    "first_rank_with", "quarter_medians",
 ]
 
 # For normally distributed data, sigma = 1.4826 x MAD (1 / Phi^-1(3/4)).
@@ -88,16 +89,42 @@ def runs_of(mask: AnyArray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
 
 
+def average_ranks(v: AnyArray) -> AnyArray:
+    """Ranks 0..n-1 of ``v``, ties sharing their average rank (a flat stretch of a
+    high-water mark is one value, not an ascending run)."""
+    order = np.argsort(v, kind="mergesort")
+    _, first, counts = np.unique(v[order], return_index=True, return_counts=True)
+    ranks = np.empty(v.size)
+    ranks[order] = np.repeat(first + (counts - 1) / 2.0, counts)
+    return ranks
+
+
 def spearman(x: AnyArray, y: AnyArray) -> float:
-    """Spearman rank correlation (no tie correction; 0.0 when undefined)."""
+    """Spearman rank correlation, ties at their average rank (0.0 when undefined)."""
     ok = np.isfinite(x) & np.isfinite(y)
     if ok.sum() < 3:
         return 0.0
-    rx = np.argsort(np.argsort(x[ok])).astype(float)
-    ry = np.argsort(np.argsort(y[ok])).astype(float)
+    rx, ry = average_ranks(x[ok]), average_ranks(y[ok])
     if rx.std() == 0 or ry.std() == 0:
         return 0.0
     return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def theil_sen_slope(x: AnyArray, y: AnyArray, max_points: int = 256) -> float:
+    """Theil-Sen slope (Sen 1968): the median of the slopes between all pairs of points,
+    robust to up to ~29% outliers; NaN with fewer than two points. Longer series are
+    thinned evenly to ``max_points`` first (the pairs grow as n squared)."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if x.size > max_points:
+        keep = np.linspace(0, x.size - 1, max_points).round().astype(int)
+        x, y = x[keep], y[keep]
+    i, j = np.triu_indices(x.size, k=1)
+    dx = x[j] - x[i]
+    good = dx != 0
+    if not good.any():
+        return float("nan")
+    return float(np.median((y[j] - y[i])[good] / dx[good]))
 
 
 def best_split(y: AnyArray, min_segment: int, max_points: int = 400) -> int | None:

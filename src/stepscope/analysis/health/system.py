@@ -13,14 +13,22 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ...schema import AnyArray, StepTable
 from ..findings import Finding
-from .config import HealthContext
-from .stats import best_split, quarter_medians, rank_series, spearman
+from .config import HealthConfig, HealthContext
+from .stats import best_split, quarter_medians, rank_series, spearman, theil_sen_slope
 
-__all__ = ["rule_data_wait", "rule_comm", "rule_memory", "rule_throughput"]
+__all__ = ["rule_data_wait", "rule_comm", "rule_memory", "rule_throughput", "memory_creep",
+           "MemoryCreep"]
+
+# Creep keeps going: each half of the series rises at >= a quarter of the whole series'
+# rate (a steady leak: both halves at the full rate; one step up: both halves ~0). A
+# quarter leaves room for a leak that slows (allocator caching, a cache filling up).
+_CREEP_HALF_SLOPE = 0.25
 
 
 PHASE_WORDS = {"other": "time outside the recorded phases (host work between them)",
@@ -112,6 +120,47 @@ def rule_comm(ctx: HealthContext) -> list[Finding]:
     )]
 
 
+@dataclass(frozen=True)
+class MemoryCreep:
+    """Evidence of memory creep over a series of steps (bytes; per step of the series)."""
+
+    first_bytes: float  # median of the first quarter of the series
+    last_bytes: float  # median of the last quarter
+    bytes_per_step: float  # Theil-Sen slope over the whole series
+    rank_correlation: float  # Spearman, peak against step
+    first_step: int
+    last_step: int
+
+
+def memory_creep(steps: AnyArray, peak: AnyArray, cfg: HealthConfig) -> MemoryCreep | None:
+    """Memory creep, the one definition (diagnose's rule and the live alert use it).
+
+    Over ``steps`` (at least ``cfg.min_steps`` finite points) the peak grows from the first
+    to the last quarter's median by ``mem_creep_frac`` and ``mem_creep_min_bytes``, rises
+    steadily (Spearman rank correlation with the step >= ``mem_creep_min_corr``), and keeps
+    rising: the Theil-Sen slopes of both halves are at least a quarter of the whole
+    series' slope, so one allocation (a cache filled once, a step up at one point) is a
+    level change, not creep, however large.
+    """
+    ok = np.isfinite(peak) & np.isfinite(steps)
+    x, y = steps[ok].astype(float), peak[ok].astype(float)
+    if x.size < cfg.min_steps:
+        return None
+    first, last = quarter_medians(y)
+    growth = last - first
+    if growth < cfg.mem_creep_min_bytes or growth < cfg.mem_creep_frac * first:
+        return None
+    corr = spearman(x, y)
+    slope = theil_sen_slope(x, y)
+    if corr < cfg.mem_creep_min_corr or not slope > 0:
+        return None
+    half = x.size // 2
+    for part in (slice(0, half), slice(half, None)):
+        if not theil_sen_slope(x[part], y[part]) >= _CREEP_HALF_SLOPE * slope:
+            return None
+    return MemoryCreep(first, last, slope, corr, int(x[0]), int(x[-1]))
+
+
 def rule_memory(ctx: HealthContext) -> list[Finding]:
     """Memory creep (peak grows step over step) and the memory pattern (temp vs plateau)."""
     cfg = ctx.config
@@ -121,23 +170,19 @@ def rule_memory(ctx: HealthContext) -> list[Finding]:
     out: list[Finding] = []
     for r in t.ranks():
         steps, peak = rank_series(t, r, "mem_peak_bytes")
-        ok = np.isfinite(peak)
-        if ok.sum() < cfg.min_steps:
-            continue
-        first, last = quarter_medians(peak[ok])
-        growth = last - first
-        corr = spearman(steps[ok].astype(float), peak[ok])
-        if (growth >= cfg.mem_creep_min_bytes and growth >= cfg.mem_creep_frac * first
-                and corr >= cfg.mem_creep_min_corr):
-            per_step = growth / max(1, (steps[ok][-1] - steps[ok][0]) * 3 / 4)
+        c = memory_creep(steps, peak, cfg)
+        if c is not None:
             out.append(Finding(
                 category="memory", severity="warning",
-                message=(f"memory creep on rank {r}: peak grows from {first / 2**20:.0f} MiB to "
-                         f"{last / 2**20:.0f} MiB (~{per_step / 2**20:.2f} MiB per step)"),
-                evidence={"first_quarter_bytes": first, "last_quarter_bytes": last,
-                          "bytes_per_step": per_step, "rank_correlation": corr,
+                message=(f"memory creep on rank {r}: peak grows from {c.first_bytes / 2**20:.0f} "
+                         f"MiB to {c.last_bytes / 2**20:.0f} MiB (~{c.bytes_per_step / 2**20:.2f}"
+                         " MiB per step)"),
+                evidence={"first_quarter_bytes": c.first_bytes,
+                          "last_quarter_bytes": c.last_bytes,
+                          "bytes_per_step": c.bytes_per_step,
+                          "rank_correlation": c.rank_correlation,
                           "mem_source": _mem_source(ctx) or None},
-                steps=(int(steps[ok][0]), int(steps[ok][-1])), rank=r, confidence=0.8,
+                steps=(c.first_step, c.last_step), rank=r, confidence=0.8,
                 rule="health.memory",
                 recommendation="Look for tensors kept across steps (losses appended with their "
                                "graph: use loss.item(); growing caches); compare two memory "

@@ -41,6 +41,10 @@ class OpRow:
     queue_mean_us: float | None  # device only: mean launch-to-start delay
     queue_max_us: float | None
     share_pct: float  # of the summed time of all ranked ops
+    # The primitive the op runs (MindSpore: ``Conv2DBackpropFilter`` of
+    # ``Gradients/.../Conv2DBackpropFilter-op3``); the name itself where the trace has no
+    # separate type (PyTorch: ``aten::mm`` and kernel names are their own type).
+    op_type: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,9 +76,16 @@ def self_times(t: EventTable, rows: NDArray[Any]) -> NDArray[Any]:
     return out
 
 
+def _types(t: EventTable) -> list[str]:
+    """Op type per name index (``meta["op_types"]`` where the reader knows them)."""
+    known = t.meta.get("op_types") or []
+    return [str(known[i]) if i < len(known) and known[i] else n
+            for i, n in enumerate(t.names)]
+
+
 def _aggregate(names: list[str], name_idx: NDArray[Any], dur: NDArray[Any], self_us: NDArray[Any],
                kinds: NDArray[Any], queue: NDArray[Any] | None, where: str,
-               acc: dict[str, dict[str, Any]]) -> None:
+               acc: dict[str, dict[str, Any]], types: list[str]) -> None:
     uniq, first, inv = np.unique(name_idx, return_index=True, return_inverse=True)
     tot = np.bincount(inv, weights=dur, minlength=len(uniq))
     slf = np.bincount(inv, weights=self_us, minlength=len(uniq))
@@ -86,7 +97,7 @@ def _aggregate(names: list[str], name_idx: NDArray[Any], dur: NDArray[Any], self
     for j, ni in enumerate(uniq.tolist()):
         row = acc.setdefault(names[ni], {"count": 0, "total": 0.0, "self": 0.0, "q": [],
                                          "kind": EVENT_KINDS[int(kinds[first[j]])],
-                                         "where": where})
+                                         "where": where, "type": types[ni]})
         row["count"] += int(cnt[j])
         row["total"] += float(tot[j])
         row["self"] += float(slf[j])
@@ -107,14 +118,14 @@ def op_totals(tables: Sequence[EventTable], steps: Collection[int] | None = None
             queue = (t.start_us[m] - launch[m]) if launch is not None else \
                 np.full(int(m.sum()), np.nan)
             _aggregate(t.names, t.name[m], t.dur_us[m], t.dur_us[m], t.kind[m], queue,
-                       "device", acc)
+                       "device", acc, _types(t))
         else:
             m = host_compute_mask(t)
             if step_table(t):
                 m &= (t.step >= 0) if steps is None else np.isin(t.step, list(steps))
             rows = np.flatnonzero(m)
             _aggregate(t.names, t.name[rows], t.dur_us[rows], self_times(t, rows),
-                       t.kind[rows], None, "host", acc)
+                       t.kind[rows], None, "host", acc, _types(t))
     key = "total" if device else "self"
     grand = sum(r[key] for r in acc.values()) or 1.0
     out = []
@@ -125,7 +136,7 @@ def op_totals(tables: Sequence[EventTable], steps: Collection[int] | None = None
             total_us=r["total"], self_us=r["self"], mean_us=r["total"] / max(r["count"], 1),
             queue_mean_us=float(q.mean()) if len(q) else None,
             queue_max_us=float(q.max()) if len(q) else None,
-            share_pct=round(100.0 * r[key] / grand, 2)))
+            share_pct=round(100.0 * r[key] / grand, 2), op_type=r["type"]))
     out.sort(key=lambda r: -(r.total_us if device else r.self_us))
     return out
 

@@ -104,7 +104,7 @@ def _loop_session(st: LoopState, owner: Any) -> Any:
     if st.settings.name:
         meta["name"] = st.settings.name
     return make_session(st.settings.run_dir, meta, net, opt, _profile(st.settings),
-                        st.settings.cross_rank_every, "the custom loop")
+                        st.settings.cross_rank_every, "the custom loop", cells=(net, opt))
 
 
 def _profile(settings: Settings) -> tuple[int, int] | None:

@@ -77,8 +77,10 @@ def make_session(run_dir: str | os.PathLike[str], meta: dict[str, Any] | None, n
                  optimizer: Any, profile_steps: tuple[int, int] | None, every: int,
                  loss_source: str, *, rank: int | None = None,
                  alerts: str | os.PathLike[str] | None = None,
-                 sync_every: int = 0, loss_advice: str = "") -> StepSession:
-    """A session for this rank: run.json facts, profiler capture, cross-rank view and, with
+                 sync_every: int = 0, loss_advice: str = "",
+                 cells: tuple[Any, Any] = (None, None)) -> StepSession:
+    """A session for this rank: run.json facts, profiler capture (``cells``: the network
+    and optimizer its PyNative phase marks hook), cross-rank view and, with
     ``sync_every`` > 0, ``mindspore.runtime.synchronize`` at the phase boundaries of every
     N-th step (MindSpore dispatches asynchronously, even on CPU)."""
     m = _base_meta(meta, net, optimizer)
@@ -86,6 +88,8 @@ def make_session(run_dir: str | os.PathLike[str], meta: dict[str, Any] | None, n
     r = r if rank is None else rank
     rec = Recorder(run_dir, meta=m, rank=r, alerts=alerts)
     capture = ProfileCapture(rec.run, profile_steps, r, world) if profile_steps else None
+    if capture is not None:  # PyNative phase marks (network, optimizer): see profile.py
+        capture.attach(*cells)
     sync = getattr(getattr(ms, "runtime", None), "synchronize", None) if sync_every else None
     s = StepSession(rec, loss_source=loss_source, capture=capture,
                     mem_probe=shared_sampler(), sync=sync, sync_every=sync_every,
@@ -172,7 +176,8 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
             self._scale_src = (train_net, manager)
         self.core = make_session(self.run_dir, m, net, opt, profile_steps, every,
                                  "the training network's outputs", rank=rank,
-                                 alerts=self.alerts, loss_advice=_CALLBACK_LOSS_ADVICE)
+                                 alerts=self.alerts, loss_advice=_CALLBACK_LOSS_ADVICE,
+                                 cells=(train_net, None))
         manager = getattr(p, "loss_scale_mananger", None) if self.check_scale else None
         for f in loss_scale_findings(manager, opt, str(ms.get_context("device_target")),
                                      self.core.rank):
@@ -304,7 +309,7 @@ class LoopRecorder:
         m.setdefault("baseline", {}).setdefault("execution_mode", execution_mode(compiled))
         self.core = make_session(run_dir, m, network, optimizer, profile_steps,
                                  cross_rank_every, "the custom loop", rank=rank, alerts=alerts,
-                                 sync_every=sync_every)
+                                 sync_every=sync_every, cells=(network, optimizer))
         self.optimizer, self.scaler = optimizer, scaler
         self._lr = LrReader(optimizer)
         self.tokens_per_sample = tokens_per_sample

@@ -29,7 +29,9 @@ from .layout import six_n_matmul
 __all__ = ["DEFAULT", "NAMES", "by_convention", "choose"]
 
 DEFAULT = "matmul"
-NAMES = (DEFAULT, *CONVENTIONS)  # what `stepscope run --flops-convention` accepts
+# What `stepscope run --flops-convention` accepts; "counted": the model's own forward FLOPs
+# x 3, counted by FlopCounterMode (flopcount.py), for any network (CNNs and MLPs too).
+NAMES = (DEFAULT, "counted", *CONVENTIONS)
 # ModelSpec fields beyond the basic shape that a run's "model_shape" may carry.
 _EXTRA = ("head_dim", "swiglu", "moe_experts", "moe_top_k", "moe_shared_experts",
           "moe_ffn_hidden", "moe_shared_ffn_hidden", "first_k_dense", "kv_lora_rank",

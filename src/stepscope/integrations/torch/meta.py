@@ -24,7 +24,7 @@ from typing import Any
 
 from ...analysis.findings import Finding
 from ...errors import ConfigError
-from . import ddp, flopsrun
+from . import ddp, flopcount, flopsrun
 from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
 from .state import AutoState
 
@@ -140,13 +140,45 @@ def _flops_fields(st: AutoState, b: dict[str, Any], num_params: int) -> dict[str
     computable for this model (``report --flops-convention NAME`` picks from it)."""
     table = flopsrun.by_convention(num_params, int(b.get("embedding_lookup_params", 0)),
                                    b.get("seq_len"), b.get("model_shape"))
-    name = st.settings.flops_convention or flopsrun.DEFAULT
+    counted = _counted(st, b)
+    if counted:
+        table[flopcount.CONVENTION] = counted
+    # Token ids seen: the transformer conventions (6N default). None seen (images, feature
+    # vectors): 6N per token means nothing, the network's counted FLOPs per sample do.
+    tokens_seen = "seq_len" in b and "model_input_shape" in b
+    default = flopsrun.DEFAULT if tokens_seen or not counted else flopcount.CONVENTION
+    name = st.settings.flops_convention or default
     try:
         chosen = flopsrun.choose(table, name)
     except ConfigError as exc:
         st.notes["flops_convention"] = str(exc)
         chosen = table[flopsrun.DEFAULT]
     return {**chosen, "flops_by_convention": table}
+
+
+def _counted(st: AutoState, b: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``counted`` convention's fields from the first forward call (see flopcount)."""
+    if st.flop_call is None:
+        return None
+    model, args, kwargs = st.flop_call
+    st.flop_call = None  # counted once; the meta copies are dropped
+    fwd, why = flopcount.forward_flops(model, args, kwargs)
+    if fwd is None:
+        st.notes["flops_counted"] = why
+        return None
+    samples = b.get("micro_batch") or _leading_dim(args)
+    tokens = samples * b["seq_len"] if samples and "seq_len" in b and \
+        "model_input_shape" in b else None
+    return flopcount.counted_fields(fwd, samples, tokens)
+
+
+def _leading_dim(args: Any) -> int | None:
+    """The first dimension of the first tensor argument (the batch of an image model)."""
+    for a in args:
+        shape = getattr(a, "shape", None)
+        if shape is not None and len(shape):
+            return int(shape[0])
+    return None
 
 
 def _script_dir() -> str:
@@ -311,6 +343,8 @@ def write_summary(st: AutoState, status: str, error: str | None) -> None:
             config[key] = st.config[key]
     if "flops_convention" in st.notes:
         config["flops_convention_refused"] = st.notes["flops_convention"]
+    if "flops_counted" in st.notes:
+        config["flops_counted"] = st.notes["flops_counted"]
     try:
         run.update_meta(config=config)
     except Exception as exc:

@@ -30,7 +30,7 @@ from typing import Any
 from ...rank import resolve_rank
 from ...recorder import Recorder
 from ...session import StepSession
-from . import accum, between, ddp, layout, loops
+from . import accum, between, ddp, flopcount, layout, loops
 from .marks import PhaseMarks
 from .probes import MemProbe, batch_counts
 from .settings import Settings
@@ -86,6 +86,7 @@ class AutoState:
         self.scaled: dict[int, Any] = {}
         self.scaler: Any = None
         self.param_cache: dict[int, bool] = {}
+        self.flop_call: Any = None  # (model, meta args, meta kwargs) of the first forward
         self.device: Any = None
         self.cuda = False
         self.mem_probe: MemProbe | None = None
@@ -190,6 +191,9 @@ class AutoState:
             if has_params:
                 self.on_model(self, module)
                 self._note_layout(module)
+                if self.flop_call is None:  # shapes only: the count runs after step 1
+                    self.flop_call = flopcount.capture_call(module, args,
+                                                            _first_call_kwargs())
         self.root = module if has_params else None
         if has_params:
             self.cur.fwd_calls += 1
