@@ -1,10 +1,12 @@
 """Launch a training command with zero-code instrumentation (what ``stepscope run`` does).
 
 The child gets a temporary directory on ``PYTHONPATH`` holding a ``sitecustomize.py`` that
-calls :func:`stepscope.integrations.torch.auto.bootstrap` (and then chains to any other
-``sitecustomize`` on the path), plus ``STEPSCOPE_*`` variables naming the run directory and
-the switches. This works through launchers: ``torchrun`` passes its environment to every
-worker, so each rank instruments itself and writes its own ``steps/rank-N.jsonl``.
+calls :func:`stepscope.integrations.torch.auto.bootstrap` and
+:func:`stepscope.integrations.ms_boot.bootstrap` (each waits for its framework's import;
+then it chains to any other ``sitecustomize`` on the path), plus ``STEPSCOPE_*``
+variables naming the run directory and the switches. This works through launchers:
+``torchrun`` and ``msrun`` pass their environment to every worker, so each rank
+instruments itself and writes its own ``steps/rank-N.jsonl``.
 
 After the command exits, run.json gets its final status: a crash already recorded by the
 child (exception type and message) is kept; otherwise a non-zero exit marks the run
@@ -39,7 +41,12 @@ from .schema import RunMeta
 from .store import RunDir, utc_stamp
 from .supervise import DEFAULT_GRACE_S, run_child
 
-__all__ = ["launch", "LaunchOutcome", "SITECUSTOMIZE"]
+__all__ = ["launch", "LaunchOutcome", "SITECUSTOMIZE", "NOT_ATTACHED_EXIT"]
+
+# Exit status of `stepscope run` when the command succeeded but nothing could be attached
+# to (a MindSpore script without any step boundary stepscope knows): 3, apart from the
+# usage errors' 2.
+NOT_ATTACHED_EXIT = 3
 
 SITECUSTOMIZE = '''\
 # Written by `stepscope run`: instruments this Python process, then hands over to any
@@ -55,6 +62,12 @@ try:
     _ss.bootstrap()
 except Exception as _exc:  # never stop the training script from starting
     _sys.stderr.write(f"stepscope: instrumentation disabled: {_exc!r}\\n")
+try:
+    from stepscope.integrations import ms_boot as _ms
+
+    _ms.bootstrap()
+except Exception as _exc:
+    _sys.stderr.write(f"stepscope: MindSpore instrumentation disabled: {_exc!r}\\n")
 
 _here = _os.path.dirname(_os.path.abspath(__file__))
 _rest = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
@@ -121,6 +134,8 @@ def launch(command: Sequence[str], out: str | os.PathLike[str] | None = None, *,
         shutil.rmtree(boot, ignore_errors=True)
     try:
         status, error = _finish(run, rc)
+        if rc == 0 and status == "failed":
+            rc = NOT_ATTACHED_EXIT  # ran, but nothing could be measured: say so
     except RunDirError as exc:  # e.g. a full disk: say so, but keep the command's status
         sys.stderr.write(f"stepscope: final status not recorded: {exc}\n")
         status, error = "unknown", str(exc)
@@ -153,6 +168,10 @@ def _finish(run: RunDir, rc: int) -> tuple[str, str | None]:
     """Final status in run.json from the child's exit and what the ranks recorded."""
     meta = run.read_meta()
     if rc == 0:
+        unattached = _not_attached(run)
+        if unattached is not None:
+            run.update_meta(status="failed", error=unattached)
+            return "failed", unattached
         if meta.status == "running":  # no instrumented rank closed (e.g. no steps at all)
             meta = run.update_meta(status="finished")
         return meta.status, meta.error
@@ -167,6 +186,19 @@ def _finish(run: RunDir, rc: int) -> tuple[str, str | None]:
         error = f"exit code {rc}"
     run.update_meta(status="failed", error=error)
     return "failed", error
+
+
+def _not_attached(run: RunDir) -> str | None:
+    """The one-line reason when a framework was imported but no step was recorded."""
+    if any(p.stat().st_size for p in run.step_files()):
+        return None
+    events, _ = run.read_events(type="attach_failed")
+    if not events:
+        return None
+    e = events[0]
+    return (f"{e.get('framework')} was imported but no training step was found: looked for "
+            f"{e.get('looked_for')}; record steps with stepscope's callback or recorder "
+            "instead")
 
 
 def _first_crash(run: RunDir) -> tuple[int | None, str | None]:

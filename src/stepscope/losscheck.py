@@ -19,7 +19,7 @@ from typing import Any
 
 from .analysis.findings import Finding
 
-__all__ = ["find_loss", "describe", "LossWatch"]
+__all__ = ["find_loss", "describe", "LossWatch", "ambiguous_loss"]
 
 
 def describe(obj: Any) -> str:
@@ -65,11 +65,29 @@ def find_loss(outputs: Any, to_float: Callable[[Any], float]) -> tuple[float | N
     return v, describe(outputs)
 
 
+def ambiguous_loss(outputs: Any) -> str | None:
+    """A warning when ``outputs`` is a tuple of several scalars (0-d, not bool), where
+    :func:`find_loss` takes the first: a cell returning ``(grad_norm, loss)`` would have its
+    norm recorded as the loss. MindSpore's ``(loss, overflow, scale)`` is not ambiguous.
+    Shapes only: no value is read (no device sync)."""
+    if not isinstance(outputs, (tuple, list)) or len(outputs) < 2:
+        return None
+    n = sum(1 for o in outputs if tuple(getattr(o, "shape", (0,)) or ()) == ()
+            and "bool" not in str(getattr(o, "dtype", "")).lower())
+    if n < 2 or (len(outputs) == 3 and "bool" in str(getattr(outputs[1], "dtype", "")).lower()):
+        return None
+    return (f"the training network returned {n} scalars ({describe(outputs)}); the first was "
+            "recorded as the loss. If it is not the loss (e.g. (grad_norm, loss)), return the "
+            "loss first")
+
+
 class LossWatch:
     """Counts steps with and without a loss; reports the first missing one as a finding."""
 
-    def __init__(self, source: str = "the training network's outputs") -> None:
+    def __init__(self, source: str = "the training network's outputs",
+                 advice: str = "") -> None:
         self.source = source
+        self.advice = advice  # the integration's own way to log a loss, when it has one
         self.with_loss = 0
         self.without_loss = 0
         self._reported = False
@@ -94,8 +112,8 @@ class LossWatch:
                      "the loss curve of this run would be empty"),
             evidence={"step": step, "outputs": what, "steps_without_loss": self.without_loss},
             steps=(step, step),
-            recommendation=("return the loss as the network's (first) output, as "
-                            "TrainOneStepCell does, or log it yourself with "
-                            "recorder.log(loss=...)"),
+            recommendation=self.advice or ("return the loss as the network's (first) "
+                                           "output, as TrainOneStepCell does, or log it "
+                                           "yourself with recorder.log(loss=...)"),
             rule="integration.no_loss",
         )

@@ -93,18 +93,29 @@ class StepSession:
     Args:
         rec: the rank's recorder (its ``rank`` is the session's).
         loss_source: what the loss is read from, for the "no loss recorded" finding;
-            empty disables the check.
+            empty disables the check. ``loss_advice``: that finding's recommendation in
+            the adapter's terms.
         capture: profiler capture hooks, called around the steps they choose.
         mem_probe: returns (peak bytes, bytes in use); sampled at each step's end unless
             the adapter passes ``mem_peak_bytes`` itself.
         clock: the recorder's clock (``perf_counter`` seconds).
+        sync: device synchronisation (e.g. ``mindspore.runtime.synchronize``); with
+            ``sync_every`` = N > 0, the event form calls it at every phase boundary of each
+            N-th step (and at the end of the step before it, so that step starts with an
+            empty queue) and marks those rows ``synced``. On asynchronous execution an
+            unsynced phase time is where the host waited, not where the device worked.
     """
 
     def __init__(self, rec: Recorder, *, loss_source: str = "", capture: Capture | None = None,
                  mem_probe: MemProbe | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 sync: Callable[[], None] | None = None, sync_every: int = 0,
+                 loss_advice: str = "") -> None:
         self.rec, self.rank = rec, rec.rank
-        self.watch = LossWatch(loss_source) if loss_source else None
+        self.sync = sync if sync_every > 0 else None
+        self.sync_every = max(0, int(sync_every))
+        self._sync_now = False
+        self.watch = LossWatch(loss_source, loss_advice) if loss_source else None
         self.capture, self.mem_probe, self.clock = capture, mem_probe, clock
         self.cross: _CrossRank | None = None
         self.gather_after_step = True  # False: the adapter calls cross_rank() in a step
@@ -146,6 +157,8 @@ class StepSession:
         self._check_loss(step, loss, missing_loss)
         if loss is not None:
             vals["loss"] = loss
+        if self.capture is not None and self.capture.active(step):
+            vals["profiled"] = 1.0  # kept out of the steady state (summary.steady_mask)
         if self.mem_probe is not None and "mem_peak_bytes" not in vals:
             vals["mem_peak_bytes"], vals["mem_alloc_bytes"] = self.mem_probe()
         ph = dict(phases or {})
@@ -270,6 +283,9 @@ class StepSession:
         the loader), else the time since the previous step ended (a callback's view)."""
         if self.in_step:
             return
+        self._sync_now = self.sync is not None and self.step % self.sync_every == 0
+        if self._sync_now and self.step == 0:
+            self._safe_sync()  # later synced steps were drained by the step before
         now = self.clock()
         wait = now - self._prev_end if wait_s is None else wait_s
         self._loader_wait = 0.0
@@ -283,12 +299,25 @@ class StepSession:
             self._own_time(now)  # this step (its tool_s), not in its data wait
         self._mark = self.clock()
 
+    def _safe_sync(self) -> None:
+        try:
+            assert self.sync is not None
+            self.sync()
+        except Exception as exc:  # a failing sync must not stop training: stop syncing
+            self.sync, self._sync_now = None, False
+            self.rec.run.append_event({"type": "warning", "rank": self.rank,
+                                       "message": f"device sync disabled: {exc}"})
+
     def mark(self) -> None:
         """A phase starts now (see :meth:`lap`)."""
+        if self._sync_now:
+            self._safe_sync()
         self._mark = self.clock()
 
     def lap(self, phase: str) -> None:
         """The phase begun at the last mark (or lap) ends now."""
+        if self._sync_now:
+            self._safe_sync()
         now = self.clock()
         if self.in_step:
             self.add_time(phase, now - self._mark)
@@ -328,12 +357,15 @@ class StepSession:
         """Close the open step now and record it (see :meth:`record`); -1 if none is open."""
         if not self.in_step:
             return -1
+        synced = self._sync_now
+        if self.sync is not None and (synced or (self.step + 1) % self.sync_every == 0):
+            self._safe_sync()  # this step's phases, or the next step starts drained
         now = self.clock()
-        self.in_step = False
+        self.in_step = self._sync_now = False
         vals = {**self._values, **{k: v for k, v in (values or {}).items() if v is not None}}
         return self.record(self._start, now, tokens=self._tokens, samples=self._samples,
                            phases=self._phases, values=vals, loss=loss,
-                           missing_loss=missing_loss)
+                           missing_loss=missing_loss, synced=synced and self.sync is not None)
 
     def close(self, status: str = "finished", error: str | None = None) -> None:
         if self.capture is not None:

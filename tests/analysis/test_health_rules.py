@@ -99,8 +99,20 @@ def test_overflow_skips_are_numerics_not_nan() -> None:
     ovf[[30, 31, 50]] = 1
     gn[[30, 31, 50]] = np.nan  # inf grad norm on skipped steps, written as missing
     found = check_health(_base(grad_norm=gn, overflow=ovf))
-    assert _summary(found) == [("numerics", "info", (30, 50), None)]
+    assert _summary(found) == [("numerics", "info", (30, 50), 0)]
     assert found[0].evidence["overflow_steps"] == 3
+    assert found[0].message.startswith(f"3 of {N} updates skipped")
+
+
+def test_every_update_skipped_in_a_short_run_is_critical() -> None:
+    """Issue 17: 10 steps, all overflowed: nothing was trained."""
+    t = StepTable.from_columns({"step": np.arange(10), "rank": np.zeros(10, np.int64),
+                                "step_time_s": np.full(10, 0.1), "overflow": np.ones(10),
+                                "loss_scale": 2.0 ** (26 - np.arange(10))})
+    found = [f for f in check_health(t) if f.rule in ("health.overflow", "health.loss_scale")]
+    assert [(f.severity, f.message.split(":")[0]) for f in found
+            if f.rule == "health.overflow"] == [("critical", "0 of 10 updates applied")]
+    assert not any("no upper bound" in f.message for f in found)  # it only fell
 
 
 def test_grad_norm_jumps_at_loss_scale_backoffs_say_scale_oscillates() -> None:
@@ -476,3 +488,18 @@ def test_stall_rule_does_not_count_evaluation_or_checkpoint_between_steps() -> N
     eval_s[20] = 0.5  # 2 s of the gap unexplained: still a stall
     table = StepTable.from_columns({**base, "eval_s": eval_s, "checkpoint_s": ckpt_s})
     assert [f.steps for f in check_health(table) if f.category == "stall"] == [(19, 20)]
+
+
+def test_divergence_in_a_short_run_is_a_finding() -> None:
+    """Issue 17: 10 steps, loss 2.3 -> 2566 (too short for the trend windows)."""
+    loss = np.array([2.3, 2.4, 3.1, 9.0, 40.0, 180.0, 700.0, 2566.0, 1900.0, 2100.0])
+    t = StepTable.from_columns({"step": np.arange(10), "rank": np.zeros(10, np.int64),
+                                "step_time_s": np.full(10, 0.1), "loss": loss})
+    [f] = [f for f in check_health(t) if f.rule == "health.convergence"]
+    assert (f.severity, f.steps) == ("warning", (0, 7))
+    assert f.message == ("loss diverged: 2.3 at step 0, 2566 at step 7 (1.12e+03x) in 10 "
+                         "logged steps")
+    calm = StepTable.from_columns({"step": np.arange(10), "rank": np.zeros(10, np.int64),
+                                   "step_time_s": np.full(10, 0.1),
+                                   "loss": np.linspace(2.3, 2.0, 10)})
+    assert [f for f in check_health(calm) if f.rule == "health.convergence"] == []

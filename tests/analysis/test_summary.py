@@ -109,3 +109,26 @@ def test_sheet_states_the_loss_convention_and_the_time_between_steps() -> None:
     assert "loss: mean over the micro-batches (k = 2)" in notes
     assert "between steps, not in step time: eval 1.5 s" in notes
     assert summarize(t.select(np.arange(n) != 3)).notes == []  # nothing to say
+
+
+def test_profiled_steps_and_steps_mostly_stepscopes_own_are_not_steady() -> None:
+    """Issue 17: a capture's steps and the profiler stop billed as tool_s stay out of
+    throughput and compare (one steady-state definition)."""
+    n = 10
+    t = StepTable.from_columns({
+        "step": np.arange(n), "rank": np.zeros(n, np.int64),
+        "step_time_s": np.array([0.5] + [0.1] * 5 + [1.1] + [0.1] * 3),
+        "tool_s": np.array([0.0] * 6 + [1.0] + [0.0] * 3),
+        "profiled": np.array([0, 0, 0, 1, 1, 0, 0, 0, 0, 0], float),
+        "samples": np.full(n, 10.0)})
+    assert np.flatnonzero(steady_mask(t)).tolist() == [1, 2, 5, 7, 8, 9]
+    assert summarize(t).samples_per_s == pytest.approx(100.0)
+
+
+def test_no_perplexity_for_a_run_counting_samples_but_no_tokens() -> None:
+    """Issue 17: an image classifier's cross-entropy is no token perplexity."""
+    t = _table(step_time_s=[1.0, 1.0, 1.0], loss=[2.3, 2.2, 2.0], samples=[16.0] * 3)
+    assert summarize(t).perplexity is None
+    t = _table(step_time_s=[1.0, 1.0, 1.0], loss=[2.3, 2.2, 2.0], samples=[16.0] * 3,
+               tokens=[512.0] * 3)
+    assert summarize(t).perplexity == pytest.approx(math.exp(2.0))

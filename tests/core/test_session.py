@@ -250,3 +250,52 @@ def test_loss_memory_and_cross_rank_together_with_exact_numbers(tmp_path: Path) 
     events = [e for e in events if e["type"] != "process"]  # the recorder's start record
     assert [e["type"] for e in events] == ["finding"]  # the exchange's events: its own tests
     assert events[0]["message"].startswith("no loss recorded: the loop at step 1 held no loss")
+
+
+class Queue:
+    """An asynchronous device in its cost only: work is queued and the host pays for it
+    when it synchronises (the real MindSpore sync runs in tests/integrations)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock, self.pending, self.syncs = clock, 0.0, 0
+
+    def launch(self, seconds: float) -> None:
+        self.pending += seconds
+
+    def sync(self) -> None:
+        self.syncs += 1
+        self.clock.tick(self.pending)
+        self.pending = 0.0
+
+
+def test_every_nth_step_is_synced_at_its_phase_boundaries(tmp_path: Path) -> None:
+    clk = FakeClock()
+    clk.t = 0.0  # sums of binary fractions stay exact from 0
+    q = Queue(clk)
+    s = _session(tmp_path, clk, sync=q.sync, sync_every=2)
+    for _ in range(3):
+        s.begin(wait_s=0.0)
+        with s.phase("forward_backward"):
+            q.launch(0.25)  # dispatched: returns at once
+        with s.phase("comm"):
+            clk.tick(0.5)  # a collective that waits for the queued compute
+            q.pending = 0.0
+        s.end()
+    s.close()
+    table, _ = RunDir.open(tmp_path / "run").read_steps()
+    assert table["synced"].tolist() == [1.0, 0.0, 1.0]
+    # synced steps: the compute is in its own phase; unsynced: the collective absorbs it
+    assert table["forward_backward_s"].tolist() == [0.25, 0.0, 0.25]
+    assert table["comm_s"].tolist() == [0.5, 0.5, 0.5]
+
+
+def test_no_sync_function_means_no_synced_rows(tmp_path: Path) -> None:
+    clk = FakeClock()
+    s = _session(tmp_path, clk, sync=None, sync_every=2)
+    s.begin(wait_s=0.0)
+    with s.phase("optimizer"):
+        clk.tick(0.1)
+    s.end()
+    s.close()
+    table, _ = RunDir.open(tmp_path / "run").read_steps()
+    assert table["synced"].tolist() == [0.0]

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import stepscope.cli.report  # noqa: F401  (registers `report` on the group)
+from stepscope.analysis.summary import steady_mask
 from stepscope.cli import cli
 from stepscope.schema import EVENT_KINDS, EventTable
 from stepscope.store import RunDir
@@ -109,6 +110,22 @@ def test_model_train_callback_and_profile(tmp_path: Path) -> None:
     assert sheet["steps"] == 8
 
 
+def test_exception_inside_model_train_closes_the_callbacks_run_failed(tmp_path: Path) -> None:
+    """Issue 17: the callback's records end `failed` with the exception, not `finished`."""
+    run_dir = tmp_path / "crash"
+    p = subprocess.run([sys.executable, str(SCRIPTS / "ms_model_train.py"), str(run_dir),
+                        "--steps", "6", "--crash-at", "2"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=180, env={**os.environ, "GLOG_v": "3"})
+    assert p.returncode == 1 and "Invalid loss" in p.stderr
+    meta = RunDir.open(run_dir).read_meta()
+    assert meta.status == "failed"
+    assert meta.error == "ValueError: epoch: 1 step: 3. Invalid loss, terminating training."
+    table, _ = RunDir.open(run_dir).read_steps()
+    assert table["step"].tolist() == [0, 1]
+    crashes, _ = RunDir.open(run_dir).read_events("crash")
+    assert [(c["rank"], c["step"]) for c in crashes] == [(0, 2)]
+
+
 def test_custom_cell_without_loss_is_reported(tmp_path: Path) -> None:
     run_dir = tmp_path / "cc"
     _script("ms_model_train.py", run_dir, "--steps", "4", "--custom-cell")
@@ -119,7 +136,19 @@ def test_custom_cell_without_loss_is_reported(tmp_path: Path) -> None:
         "no loss recorded: the training network's outputs at step 0 were "
         "Tensor(shape=(64, 64)), which hold no scalar loss; the loss curve of this run "
         "would be empty"]
+    assert "has no log" not in findings[0]["recommendation"]
+    assert "recorder.log" not in findings[0]["recommendation"]  # the callback has none
     assert findings[0]["category"] == "logging" and findings[0]["rank"] == 0
+
+
+def test_cell_returning_grad_norm_then_loss_is_warned_about(tmp_path: Path) -> None:
+    """Issue 17: (grad_norm, loss) outputs would record the norm as the loss, silently."""
+    run_dir = tmp_path / "gn"
+    _script("ms_model_train.py", run_dir, "--steps", "3", "--grad-norm-first")
+    warnings_, _ = RunDir.open(run_dir).read_events("warning")
+    [w] = [w["message"] for w in warnings_ if "scalars" in w["message"]]
+    assert w.startswith("the training network returned 2 scalars (tuple of 2 [")
+    assert "the first was recorded as the loss" in w
 
 
 def test_custom_loop_profile_matches_self_timed_phases(tmp_path: Path) -> None:
@@ -131,6 +160,9 @@ def test_custom_loop_profile_matches_self_timed_phases(tmp_path: Path) -> None:
         assert np.all(np.isfinite(table[col])), col
     assert np.all(table["loss_scale"] == 1024) and np.all(table["overflow"] == 0)
     assert np.all(table["grad_norm"] > 0)
+    # the profiled steps are flagged and kept out of the steady state (issue 17)
+    assert np.nan_to_num(table["profiled"]).tolist() == [0, 0, 1, 1, 1, 0, 0, 0]
+    assert not np.any(steady_mask(table)[2:5])
     meta = RunDir.open(run_dir).read_meta()
     assert "value_and_grad runs forward and backward in one call" in meta.config["phase_note"]
     [t] = _profile(run_dir)
@@ -194,8 +226,9 @@ def test_msrun_two_workers(tmp_path: Path) -> None:
 
 
 def _msrun(tmp_path: Path, script: str, run_dir: Path, *args: str) -> None:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     _run([str(BIN / "msrun"), "--worker_num=2", "--local_worker_num=2",
-          f"--master_port={20000 + (os.getpid() + len(script)) % 20000}",
+          f"--master_port={20000 + (os.getpid() + len(script) + len(str(run_dir))) % 20000}",
           f"--log_dir={tmp_path / 'logs'}", "--join=True", str(SCRIPTS / script),
           str(run_dir), *args], tmp_path, timeout=240,
          parse=False)  # both workers print to one stdout: their lines interleave
@@ -272,3 +305,31 @@ def test_cli_demo_mindspore(tmp_path: Path) -> None:
           "--out", str(out), "--json"], tmp_path, timeout=300, parse=False)
     table, _ = RunDir.open(out).read_steps()
     assert len(table) >= 5 and np.all(np.isfinite(table["loss"]))
+
+
+@pytest.mark.skipif(shutil.which("msrun", path=str(BIN)) is None, reason="no msrun")
+def test_msrun_breakdown_agrees_with_a_synced_measurement(tmp_path: Path) -> None:
+    """Issue 17: MindSpore dispatches asynchronously even on CPU, so an unsynced phase
+    holds the device work it waited for. LoopRecorder syncs every 10th step by default
+    and the breakdown uses those rows; the reference is the same script synchronising
+    after every phase of every step itself (LoopRecorder then adds no sync)."""
+    shape = ("--dp", "--even", "--steps", "60", "--width", "256", "--batch", "32")
+    fracs = {}
+    for name, extra in (("default", ()), ("reference", ("--self-sync",))):
+        run_dir = tmp_path / name
+        _msrun(tmp_path / f"{name}-logs", "ms_custom_loop.py", run_dir, *shape, *extra)
+        table, _ = RunDir.open(run_dir).read_steps()
+        sheet = _report_json(run_dir)
+        fracs[name] = sheet["phase_frac"]
+        if name == "default":
+            for r in (0, 1):
+                rows = table.rank(r)
+                synced = rows["step"][rows["synced"] == 1].tolist()
+                assert synced == [0, 10, 20, 30, 40, 50]
+            assert sheet["phase_source"].startswith("device-synced steps")
+        else:
+            assert not np.any(table["synced"] == 1)
+            assert "exact" not in sheet["phase_source"]
+    for phase in ("forward_backward", "comm", "optimizer"):
+        a, b = fracs["default"][phase], fracs["reference"][phase]
+        assert abs(a - b) <= 0.10, (phase, fracs)

@@ -66,15 +66,29 @@ class LogitsTrainCell(nn.Cell):
         return self.net(x)
 
 
+class GradNormFirstCell(LogitsTrainCell):
+    """A custom training cell returning (grad_norm, loss): the first scalar is no loss."""
+
+    def construct(self, x: ms.Tensor, y: ms.Tensor):  # type: ignore[no-untyped-def]
+        loss, grads = self.grad(x, y)
+        self.opt(grads)
+        norm = ms.ops.sqrt(ms.ops.addn([ms.ops.sum(ms.ops.square(g)) for g in grads]))
+        return norm, loss
+
+
 class Windows(Callback):
-    def __init__(self) -> None:
+    def __init__(self, crash_at: int = -1) -> None:
         self.rows: list[list[float]] = []
+        self.crash_at = crash_at
 
     def on_train_step_begin(self, run_context):  # type: ignore[no-untyped-def]
         self.rows.append([time.time(), float("nan")])
 
     def on_train_step_end(self, run_context):  # type: ignore[no-untyped-def]
         self.rows[-1][1] = time.time()
+        if len(self.rows) - 1 == self.crash_at:  # as LossMonitor does on a NaN loss
+            raise ValueError(f"epoch: 1 step: {self.crash_at + 1}. Invalid loss, terminating "
+                             "training.")
 
 
 def batches(n: int):  # type: ignore[no-untyped-def]
@@ -92,6 +106,8 @@ def main() -> None:
     ap.add_argument("--custom-cell", action="store_true")
     ap.add_argument("--loss-scale", type=float, default=0.0)
     ap.add_argument("--dp", action="store_true")
+    ap.add_argument("--crash-at", type=int, default=-1)
+    ap.add_argument("--grad-norm-first", action="store_true")
     a = ap.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
@@ -107,13 +123,15 @@ def main() -> None:
     opt = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3)
     if a.custom_cell:
         model = Model(LogitsTrainCell(net, loss, opt))
+    elif a.grad_norm_first:
+        model = Model(GradNormFirstCell(net, loss, opt))
     elif a.loss_scale:
         model = Model(net, loss, opt, loss_scale_manager=FixedLossScaleManager(
             a.loss_scale, drop_overflow_update=False))
     else:
         model = Model(net, loss, opt)
     prof = tuple(int(v) for v in a.profile.split(":")) if a.profile else None
-    windows = Windows()
+    windows = Windows(a.crash_at)
     cb = StepscopeCallback(a.run_dir, profile_steps=prof,  # type: ignore[arg-type]
                            cross_rank_every=2 if a.dp else 0,
                            meta={"baseline": {"seq_len": SEQ, "vocab_size": VOCAB}})

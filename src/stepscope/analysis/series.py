@@ -93,7 +93,8 @@ def step_series(table: StepTable) -> dict[str, tuple[AnyArray, AnyArray]]:
             steps, vals = by_step(table, col, how)
             if len(steps):
                 out[tag] = (steps, vals * scale)
-    if "result/loss" in out:
+    lm = table.has_data("tokens") or not table.has_data("samples")  # samples only: images
+    if "result/loss" in out and lm:
         steps, loss = out["result/loss"]
         ok = loss < 700  # exp() overflows float64 past ~709: no perplexity for such losses
         out["result/perplexity"] = (steps[ok], np.exp(loss[ok]))

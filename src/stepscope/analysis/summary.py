@@ -26,8 +26,7 @@ Conventions (one definition for every report, ledger and index):
   (PaLM App. B definition); HFU uses hardware FLOPs per token (recompute counted). Both
   need ``flops_per_token`` and ``peak_flops_per_device`` in run.json's environment;
   otherwise they are None and ``mfu_note`` says why.
-* Phase shares use device-synced rows when the run has any (see recorder), else all rows;
-  ``other`` is the step time not attributed to a phase.
+* Phase shares: device-synced rows when there are any, else all; ``other``: the rest.
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ from .regimes import Regimes, find_regimes
 __all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "headline_mask", "Conditions",
            "run_mfu", "WARMUP_SLOW_FACTOR", "WARMUP_MAX_FRAC"]
 
-# ``RunDir.read_conditions()``: condition samples per rank.
-Conditions = Mapping[int, Sequence[Mapping[str, Any]]]
+Conditions = Mapping[int, Sequence[Mapping[str, Any]]]  # RunDir.read_conditions(), per rank
 
 # Leading steps slower than this factor x the median of the remaining steps are warm-up.
 WARMUP_SLOW_FACTOR = 1.5
@@ -156,7 +154,8 @@ def steady_mask(table: StepTable) -> AnyArray:
 
     Per rank ordered by step: the first step always, then leading steps slower than
     ``WARMUP_SLOW_FACTOR`` x the median of the rest (finite values), at most
-    ``WARMUP_MAX_FRAC`` of the rank's steps; ranks of two or fewer steps drop one.
+    ``WARMUP_MAX_FRAC`` of the rank's steps; ranks of two or fewer steps drop one. Never
+    steady: profiled steps, steps over half stepscope's own (``tool_s``: a profiler stop).
     """
     mask = np.zeros(len(table), dtype=bool)
     if not len(table):
@@ -175,7 +174,9 @@ def steady_mask(table: StepTable) -> AnyArray:
     k = np.where(np.isfinite(ref), k, 1)  # nothing to compare with: drop the first only
     k = np.where(n <= 2, np.minimum(n - 1, 1), k)
     mask[g.order[pos >= np.repeat(k, n)]] = True
-    return mask
+    tool = np.nan_to_num(table["tool_s"]) if table.has_data("tool_s") else 0.0
+    prof = (table["profiled"] == 1) if table.has_data("profiled") else np.zeros_like(mask)
+    return mask & ~prof & ~(tool > 0.5 * table["step_time_s"])
 
 
 def headline_mask(table: StepTable, conditions: Conditions | None = None
@@ -268,7 +269,8 @@ def _share(table: StepTable, col: str, denom: float) -> float | None:
 
 def _phase_split(steady: StepTable) -> tuple[dict[str, float], str]:
     rows = steady
-    source = "host times on every step (exact on CPU)"
+    # never "exact": MindSpore is asynchronous even on CPU (issue 17)
+    source = "host times, no step device-synced (a phase may hold earlier queued work)"
     if steady.has_data("synced") and np.nansum(steady["synced"]) > 0:
         synced = steady.select(steady["synced"] == 1)
         if not np.all(steady["synced"] == 1):
@@ -282,6 +284,9 @@ def _phase_split(steady: StepTable) -> tuple[dict[str, float], str]:
         share = _share(rows, col, total)
         if share is not None:
             split[phase] = share
+    comm = None if "comm_exposed" in split else _share(rows, "comm_s", total)  # timed phase
+    if comm is not None:  # (with comm_exposed_s, comm_s includes overlapped time)
+        split["comm"] = comm
     if split:
         split["other"] = max(0.0, 1.0 - sum(split.values()))
     return split, source
@@ -338,8 +343,7 @@ def _rank_lines(steady: StepTable) -> list[RankLine]:
 def _loss_stats(table: StepTable) -> tuple[float | None, float | None, float | None]:
     if not table.has_data("loss"):
         return None, None, None
-    order = np.lexsort((table["rank"], table["step"]))
-    loss = table["loss"][order]
+    loss = table["loss"][np.lexsort((table["rank"], table["step"]))]
     finite = loss[np.isfinite(loss)]
     if not finite.size:
         return None, None, None
@@ -385,8 +389,8 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
     acc = table["accuracy"][np.isfinite(table["accuracy"])] if len(table) else np.array([])
     mem = table["mem_peak_bytes"] if len(table) else np.array([])
     mem = mem[np.isfinite(mem)]
-    # Perplexity = exp(loss) holds when loss is the mean token cross-entropy in nats.
-    ppl = math.exp(last) if last is not None and last < 50 else None
+    lm = table.has_data("tokens") or not table.has_data("samples")  # samples only: images
+    ppl = math.exp(last) if last is not None and last < 50 and lm else None  # token CE, nats
     return Sheet(
         steps=steps, ranks=ranks, warmup_steps=int(len(table) - mask.sum()) if mask.any() else 0,
         loss_first=first, loss_last=last, loss_min=lmin, perplexity=ppl,

@@ -74,10 +74,12 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
             command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with per-step recording of every rank.
 
-    Works with `-- python train.py ...` and `-- torchrun ... train.py ...`; the script is
-    not modified. COMMAND runs in its own process group; SIGINT, SIGTERM, SIGHUP, SIGQUIT,
-    SIGUSR1 and SIGUSR2 sent to stepscope are forwarded to it. Exits with the command's
-    exit status (128 + N when signal N ended it).
+    Works with `-- python train.py ...`, `-- torchrun ... train.py ...` and, for MindSpore
+    scripts, `-- msrun ... train.py ...`; the script is not modified. COMMAND runs in its
+    own process group; SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to
+    stepscope are forwarded to it. Exits with the command's exit status (128 + N when
+    signal N ended it), or 3 when it succeeded but a MindSpore script had no step
+    stepscope could attach to (the message says what it looked for).
     """
     from ..launch import launch
 

@@ -28,7 +28,7 @@ __all__ = ["render_sheet", "fmt_bytes", "fmt_pct", "fmt_num", "PHASE_STYLE", "ph
 # Display order and colour of step phases.
 PHASE_STYLE: dict[str, str] = {
     "data_wait": "red", "forward": "cyan", "backward": "blue", "forward_backward": "blue",
-    "comm_exposed": "magenta", "optimizer": "green", "other": "grey50",
+    "comm_exposed": "magenta", "comm": "magenta", "optimizer": "green", "other": "grey50",
 }
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 

@@ -129,6 +129,9 @@ class HealthConfig:
     conv_plateau_drop: float = 0.002
     # Divergence: last-quarter median above the early median by this share.
     conv_diverge_rise: float = 0.10
+    # Runs too short for those windows: a loss that reached 10x its first value diverged
+    # (issue 17: a 10-step run went 2.3 -> 2566 with no finding; noise is not a tenfold rise).
+    conv_short_rise_factor: float = 10.0
 
     # -- throughput ----------------------------------------------------------------------
     # A drop of >= 20% tokens/s between segments is a regression (field report: 1200 -> 800

@@ -117,24 +117,29 @@ def rule_numerics(ctx: HealthContext) -> list[Finding]:
 
 
 def rule_overflow(ctx: HealthContext) -> list[Finding]:
-    """fp16 overflow-skipped steps (``overflow`` column = 1)."""
-    t = ctx.table.select(ctx.steady)
-    if not t.has_data("overflow") or not len(t):
+    """Updates skipped for inf/NaN gradients (``overflow`` column = 1), counted over every
+    recorded step of the first rank that has the column (a short run's warm-up included:
+    a run whose every update was skipped trained nothing, whatever its length)."""
+    r = first_rank_with(ctx.table, "overflow")
+    if r is None:
         return []
-    ovf = _overflow_at(t["overflow"])
-    n = int(ovf.sum())
+    steps, col = rank_series(ctx.table, r, "overflow")
+    known = np.isfinite(col)
+    steps, ovf = steps[known], _overflow_at(col[known])
+    n, m = int(ovf.sum()), int(known.sum())
     if not n:
         return []
-    frac = n / len(t)
-    steps = t["step"][ovf]
-    sev = "warning" if frac > ctx.config.overflow_warn_frac else "info"
+    frac = n / m
+    skipped = steps[ovf]
+    sev = "critical" if n == m else "warning" if frac > ctx.config.overflow_warn_frac \
+        else "info"
+    what = (f"0 of {m} updates applied" if n == m else f"{n} of {m} updates skipped")
     return [Finding(
         category="numerics", severity=sev,
-        message=f"{n} step(s) skipped for inf/NaN gradients (fp16 overflow), {frac:.1%} "
-                "of steady steps",
-        evidence={"overflow_steps": n, "overflow_frac": frac,
-                  "first_steps": [int(s) for s in steps[:10]]},
-        steps=(int(steps[0]), int(steps[-1])), rank=None, rule="health.overflow",
+        message=f"{what}: inf/NaN gradients (loss-scale overflow), {frac:.1%} of steps",
+        evidence={"overflow_steps": n, "steps_with_flag": m, "overflow_frac": frac,
+                  "first_steps": [int(s) for s in skipped[:10]]},
+        steps=(int(skipped[0]), int(skipped[-1])), rank=r, rule="health.overflow",
         recommendation="Few skips are normal with a dynamic loss scale; many mean a layer "
                        "overflows in fp16: prefer bf16, or find the layer (per-layer grad "
                        "norms) and keep it in fp32",
@@ -322,7 +327,7 @@ def rule_loss_scale(ctx: HealthContext) -> list[Finding]:
             steps=(int(backoffs[0]), int(backoffs[-1])), rank=r, rule="health.loss_scale",
             recommendation="A layer overflows repeatedly: find it with per-layer grad norms, "
                            "or lengthen the growth interval / use bf16"))
-    if s.max() >= cfg.scale_unbounded_at:
+    if s.max() >= cfg.scale_unbounded_at and np.any(np.diff(s) > 0):  # it grew, not only fell
         out.append(Finding(
             category="loss_scale", severity="warning",
             message=f"loss scale grew to {s.max():.3g} with no upper bound",

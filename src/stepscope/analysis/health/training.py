@@ -165,7 +165,7 @@ def rule_convergence(ctx: HealthContext) -> list[Finding]:
     ok = np.isfinite(loss)
     x, st = loss[ok], steps[ok]
     if x.size < max(cfg.conv_min_total, 2 * cfg.conv_min_points):
-        return []
+        return _short_divergence(cfg.conv_short_rise_factor, x, st, r)
     n_early = max(cfg.conv_min_points, int(cfg.conv_early_frac * x.size))
     k = max(3, n_early // 4)
     e0, e1 = float(np.median(x[:k])), float(np.median(x[n_early - k: n_early]))
@@ -211,13 +211,30 @@ def rule_convergence(ctx: HealthContext) -> list[Finding]:
     return out
 
 
+def _short_divergence(factor: float, x: AnyArray, st: AnyArray, r: int) -> list[Finding]:
+    """A run too short for the trend windows still gets its blow-up named."""
+    if x.size < 2 or x[0] <= 0 or x.max() < factor * x[0]:
+        return []
+    at = int(np.argmax(x))
+    return [Finding(
+        category="convergence", severity="warning",
+        message=(f"loss diverged: {x[0]:.4g} at step {int(st[0])}, {x[at]:.4g} at step "
+                 f"{int(st[at])} ({x[at] / x[0]:.3g}x) in {x.size} logged steps"),
+        evidence={"first_loss": float(x[0]), "peak_loss": float(x[at]),
+                  "peak_step": int(st[at]), "factor": float(x[at] / x[0])},
+        steps=(int(st[0]), int(st[at])), rank=r, confidence=0.8, rule="health.convergence",
+        recommendation="Lower the peak LR or lengthen warmup; check the LR schedule and "
+                       "that labels match inputs")]
+
+
 def _likely_cause(ctx: HealthContext) -> str:
     env = ctx.meta.environment if ctx.meta else {}
     framework = str(env.get("framework", "")).lower()
     if framework == "mindspore":
         return ("a custom training cell whose outputs give the callback no loss (the field "
-                "report's empty loss curve): return the loss from the cell, or log it with "
-                "Recorder.log(loss=...)")
+                "report's empty loss curve): return the loss as the cell's first output "
+                "(StepscopeCallback reads only the network's outputs); in a custom loop, "
+                "pass it to LoopRecorder.log(loss=...)")
     if ctx.meta and ctx.meta.command:
         return ("`stepscope run` takes the loss from the tensor backward() is called on: the "
                 "script may call backward through a wrapper, on a non-scalar, or use a hook "
@@ -249,4 +266,20 @@ def rule_logging(ctx: HealthContext) -> list[Finding]:
         message="not recorded: " + "; ".join(f"{c} ({why[c]})" for c in missing),
         evidence={"steps_recorded": n_steps, "missing": missing},
         steps=span, rank=None, confidence=1.0, rule="health.logging",
-        recommendation="Pass tokens=/samples= to rec.step() and log lr= each step")]
+        recommendation=_how_to_count(ctx, missing))]
+
+
+def _how_to_count(ctx: HealthContext, missing: list[str]) -> str:
+    """Advice in the terms of the integration that recorded the run (run.json config)."""
+    how = str((ctx.meta.config if ctx.meta else {}).get("stepscope_integration", ""))
+    tokens = "tokens" in missing
+    if "Model.train callback" in how:
+        return ("The callback counts token ids from a 2-D integer first input; for other "
+                "inputs pass StepscopeCallback(tokens_per_sample=...)" if tokens else
+                "Give the optimizer a learning rate the callback can read (get_lr())")
+    if "LoopRecorder" in how:
+        return "Pass tokens= to rec.step(batch, tokens=...) (or LoopRecorder(tokens_per_sample=" \
+            "...)) and give LoopRecorder the optimizer"
+    if ctx.meta and ctx.meta.command:
+        return "Pass `stepscope run --tokens-per-step N` when the batch does not show tokens"
+    return "Pass tokens=/samples= to rec.step() and log lr= each step"

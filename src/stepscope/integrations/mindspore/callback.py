@@ -35,22 +35,25 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import mindspore as ms
 from mindspore.train import Callback
 
 from ...analysis.findings import Finding
-from ...envinfo import process_memory_bytes
-from ...losscheck import find_loss
+from ...losscheck import ambiguous_loss, find_loss
 from ...recorder import Recorder
 from ...session import StepSession
+from .cheap import BatchCounter, LrReader, shared_sampler
 from .probes import (
     MEM_SOURCE,
     batch_counts,
     device_info,
     environment,
+    execution_mode,
     grad_norm,
     loss_scale,
     model_fingerprint,
@@ -60,6 +63,7 @@ from .probes import (
     to_float,
 )
 from .profile import ProfileCapture
+from .scaling import ScaleWatch, loss_scale_findings
 
 __all__ = [
     "StepscopeCallback", "LoopRecorder", "environment", "device_info", "model_fingerprint",
@@ -69,20 +73,35 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-def _session(run_dir: str | os.PathLike[str], meta: dict[str, Any],
-             profile_steps: tuple[int, int] | None, every: int, rank: int | None,
-             loss_source: str, alerts: str | os.PathLike[str] | None = None,
-             cells: tuple[Any, Any] = (None, None)) -> StepSession:
+def make_session(run_dir: str | os.PathLike[str], meta: dict[str, Any] | None, net: Any,
+                 optimizer: Any, profile_steps: tuple[int, int] | None, every: int,
+                 loss_source: str, *, rank: int | None = None,
+                 alerts: str | os.PathLike[str] | None = None,
+                 sync_every: int = 0, loss_advice: str = "",
+                 cells: tuple[Any, Any] = (None, None)) -> StepSession:
+    """A session for this rank: run.json facts, profiler capture (``cells``: the network
+    and optimizer its PyNative phase marks hook), cross-rank view and, with
+    ``sync_every`` > 0, ``mindspore.runtime.synchronize`` at the phase boundaries of every
+    N-th step (MindSpore dispatches asynchronously, even on CPU)."""
+    m = _base_meta(meta, net, optimizer)
     r, world = rank_and_world()
     r = r if rank is None else rank
-    rec = Recorder(run_dir, meta=meta, rank=r, alerts=alerts)
+    rec = Recorder(run_dir, meta=m, rank=r, alerts=alerts)
     capture = ProfileCapture(rec.run, profile_steps, r, world) if profile_steps else None
     if capture is not None:  # PyNative phase marks (network, optimizer): see profile.py
         capture.attach(*cells)
+    sync = getattr(getattr(ms, "runtime", None), "synchronize", None) if sync_every else None
     s = StepSession(rec, loss_source=loss_source, capture=capture,
-                    mem_probe=process_memory_bytes)
+                    mem_probe=shared_sampler(), sync=sync, sync_every=sync_every,
+                    loss_advice=loss_advice)
     s.enable_cross_rank(world=world, every=every)  # through the run dir, no AllGather
     return s
+
+
+def crash_event(core: StepSession, error: str | None) -> dict[str, Any]:
+    """The per-rank ``crash`` event `stepscope run` names the first failing rank from."""
+    return {"type": "crash", "rank": core.rank, "error": error, "wall_time_s": time.time(),
+            "step": core.step}
 
 
 def _base_meta(meta: dict[str, Any] | None, net: Any, optimizer: Any) -> dict[str, Any]:
@@ -113,61 +132,117 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
             MindSpore profiler into ``profiles/<UTC timestamp>/``.
         cross_rank_every: gather per-rank medians every N steps (0: never).
         tokens_per_sample: tokens in one sample when the inputs are not token ids.
+        keep_open: record later ``Model.train`` calls into the same run (the records are
+            then closed by :meth:`close`, as ``stepscope run`` does at exit).
+
+    An exception raised inside ``Model.train`` (a callback's "loss is NAN or INF", a
+    shape error) closes the run ``failed`` with it.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, meta: dict[str, Any] | None = None,
                  profile_steps: tuple[int, int] | None = None, cross_rank_every: int = 0,
                  tokens_per_sample: float | None = None, rank: int | None = None,
-                 alerts: str | os.PathLike[str] | None = None) -> None:
+                 alerts: str | os.PathLike[str] | None = None, keep_open: bool = False) -> None:
         super().__init__()
         self.run_dir = run_dir
         self._args = (meta, profile_steps, cross_rank_every, rank)
         self.alerts = alerts
         self.tokens_per_sample = tokens_per_sample
+        self.keep_open = keep_open
+        self.check_scale = True  # loss-scale set-up findings at train begin
         self.core: StepSession | None = None
+        self.scale = ScaleWatch()
+        self._lr: LrReader | None = None
+        self._counts = BatchCounter(tokens_per_sample)
+        self._scale_src: tuple[Any, Any] | None = None  # (train network, manager) with a scale
+        self._loss_at: int | None = None  # 0: the outputs are the loss; 1: their first
         self._last_cur = 0
 
     def on_train_begin(self, run_context: Any) -> None:
         p = run_context.original_args()
-        meta, profile_steps, every, rank = self._args
-        m = _base_meta(meta, getattr(p, "network", None), getattr(p, "optimizer", None))
-        m.setdefault("config", {})["stepscope_integration"] = "mindspore Model.train callback"
-        self.core = _session(self.run_dir, m, profile_steps, every, rank,
-                             "the training network's outputs", self.alerts,
-                             cells=(getattr(p, "train_network", None), None))
         self._last_cur = int(getattr(p, "cur_step_num", 0) or 0)  # >0 when resuming
+        if self.core is not None:  # a later Model.train call of a kept-open run
+            self.core.restart_wait()
+            return
+        meta, profile_steps, every, rank = self._args
+        m = _with_config(meta, stepscope_integration="mindspore Model.train callback")
+        m.setdefault("baseline", {}).setdefault("execution_mode", execution_mode())
+        net, opt = getattr(p, "network", None), getattr(p, "optimizer", None)
+        self._lr = LrReader(opt)
+        # Read once: a cb_params attribute costs ~3 µs and a Cell attribute ~15 µs a step.
+        train_net = getattr(p, "train_network", None)
+        manager = getattr(p, "loss_scale_mananger", None)
+        if manager is not None or hasattr(train_net, "scale_sense"):
+            self._scale_src = (train_net, manager)
+        self.core = make_session(self.run_dir, m, net, opt, profile_steps, every,
+                                 "the training network's outputs", rank=rank,
+                                 alerts=self.alerts, loss_advice=_CALLBACK_LOSS_ADVICE,
+                                 cells=(train_net, None))
+        manager = getattr(p, "loss_scale_mananger", None) if self.check_scale else None
+        for f in loss_scale_findings(manager, opt, str(ms.get_context("device_target")),
+                                     self.core.rank):
+            self.core.rec.run.append_event({"type": "finding", **f.to_dict()})
 
     def on_train_epoch_begin(self, run_context: Any) -> None:
         if self.core is not None:
             self.core.restart_wait()
 
     def on_train_step_begin(self, run_context: Any) -> None:
-        assert self.core is not None
+        core = self.core
+        assert core is not None
         p = run_context.original_args()
-        self.core.begin()  # data wait: since the previous step's end (the dataset's next)
-        self.core.count(*batch_counts(getattr(p, "train_dataset_element", None),
-                                      self.tokens_per_sample))
-        self.core.log(lr=optimizer_lr(getattr(p, "optimizer", None)))
+        core.begin()  # data wait: since the previous step's end (the dataset's next)
+        core.count(*self._counts(getattr(p, "train_dataset_element", None)))
+        cur = int(getattr(p, "cur_step_num", 0) or 0)  # already counts this step
+        core.log(lr=self._lr(cur - 1) if self._lr is not None else None)
+        if self._scale_src is not None:
+            self.scale.begin(*self._scale_src)
 
     def on_train_step_end(self, run_context: Any) -> None:
         assert self.core is not None
         p = run_context.original_args()
         outputs = getattr(p, "net_outputs", None)
-        values = {"loss_scale": loss_scale(getattr(p, "loss_scale_mananger", None))}
+        overflow = None
         if isinstance(outputs, (tuple, list)) and len(outputs) == 3:
-            # TrainOneStepWithLossScaleCell: (loss, overflow, scale)
+            # TrainOneStepWithLossScaleCell: (loss, overflow, scale after the update)
             try:
-                values["overflow"] = float(bool(to_float(outputs[1])))
-                values["loss_scale"] = to_float(outputs[2])
+                overflow = bool(to_float(outputs[1]))
             except (TypeError, ValueError):
                 pass
+        values = self.scale.end(overflow)
         cur = int(getattr(p, "cur_step_num", 0) or 0)
         if cur - self._last_cur > 1:  # dataset sink mode: one callback per sink of steps
             values["steps_per_record"] = float(cur - self._last_cur)
         self._last_cur = cur
-        loss, what = find_loss(outputs, to_float)
+        loss, what = self._loss(outputs)
         self.core.end(values=values, loss=loss,
                       missing_loss=f"were {what}, which hold no scalar loss")
+
+    def _loss(self, outputs: Any) -> tuple[float | None, str]:
+        """The loss, found once by :func:`find_loss` and then read where it was found
+        (a dtype read costs ~15 µs a step in a callback, the value ~3 µs)."""
+        at = self._loss_at
+        if at is not None:
+            try:
+                return float(outputs if at == 0 else outputs[0]), ""
+            except (TypeError, ValueError, IndexError, RuntimeError):
+                self._loss_at = None  # the outputs changed shape: look again
+        loss, what = find_loss(outputs, to_float)
+        if loss is not None:
+            self._loss_at = 0 if not isinstance(outputs, (tuple, list)) else 1
+        self._check_outputs(outputs)
+        return loss, what
+
+    def _check_outputs(self, outputs: Any) -> None:
+        """Once: outputs whose first scalar may not be the loss (a warning event)."""
+        if self.scale.warned_outputs:
+            return
+        self.scale.warned_outputs = True
+        message = ambiguous_loss(outputs)
+        if message is not None:
+            assert self.core is not None
+            self.core.rec.run.append_event({"type": "warning", "rank": self.core.rank,
+                                            "message": message})
 
     def on_train_end(self, run_context: Any) -> None:
         if self.core is None:
@@ -180,7 +255,32 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
                 recommendation=("pass the callback in Model.train(callbacks=[...]) and check "
                                 "that the dataset is not empty"),
                 rule="integration.no_steps").to_dict()})
-        self.core.close()
+        if not self.keep_open:
+            self.close()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: Any) -> None:
+        """Model.train's callback manager exits: an exception ends the run ``failed``."""
+        if et is not None and self.core is not None and not self.core.rec._closed:
+            error = f"{et.__name__}: {e}"
+            self.core.rec.run.append_event(crash_event(self.core, error))
+            self.close("failed", error)
+
+    def close(self, status: str = "finished", error: str | None = None) -> None:
+        if self.core is not None:
+            self.core.close(status, error)
+
+
+# The callback reads the loss only from the network's outputs: it has no log() to point at.
+_CALLBACK_LOSS_ADVICE = ("return the loss as the training cell's first output, as "
+                         "TrainOneStepCell does: StepscopeCallback reads it from the "
+                         "network's outputs")
+
+
+def _with_config(meta: dict[str, Any] | None, **config: Any) -> dict[str, Any]:
+    m = {k: dict(v) if isinstance(v, dict) else v for k, v in (meta or {}).items()}
+    m.setdefault("config", {}).update(config)
+    return m
 
 
 class LoopRecorder:
@@ -188,24 +288,34 @@ class LoopRecorder:
 
     Phases: ``forward_backward`` (value_and_grad runs both in one call), ``comm`` (e.g.
     a ``DistributedGradReducer``), ``optimizer``; any other name becomes ``<name>_s``.
+    Every ``sync_every``-th step (default 10; 0: never) is synchronised at its phase
+    boundaries (``mindspore.runtime.synchronize``) and marked ``synced``: MindSpore
+    dispatches asynchronously, so an unsynced phase shows where the host waited.
+    ``compiled``: the step functions run under ``@jit`` (run.json's
+    ``baseline.execution_mode``; default: the context's mode).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, network: Any = None,
                  optimizer: Any = None, scaler: Any = None, meta: dict[str, Any] | None = None,
                  profile_steps: tuple[int, int] | None = None, cross_rank_every: int = 0,
                  tokens_per_sample: float | None = None, rank: int | None = None,
-                 alerts: str | os.PathLike[str] | None = None) -> None:
-        m = _base_meta(meta, network, optimizer)
-        cfg = m.setdefault("config", {})
-        cfg["stepscope_integration"] = "mindspore custom loop (LoopRecorder)"
-        cfg["phase_note"] = ("forward_backward_s: mindspore.value_and_grad runs forward and "
-                             "backward in one call; the host cannot time them apart "
-                             "(profile_steps splits them by op name)")
-        self.core = _session(run_dir, m, profile_steps, cross_rank_every, rank,
-                             "the custom loop", alerts, cells=(network, optimizer))
+                 alerts: str | os.PathLike[str] | None = None, sync_every: int = 10,
+                 compiled: bool | None = None) -> None:
+        m = _with_config(meta, stepscope_integration="mindspore custom loop (LoopRecorder)",
+                         phase_note=("forward_backward_s: mindspore.value_and_grad runs "
+                                     "forward and backward in one call; the host cannot time "
+                                     "them apart (profile_steps splits them by op name)"),
+                         sync_every=sync_every)
+        m.setdefault("baseline", {}).setdefault("execution_mode", execution_mode(compiled))
+        self.core = make_session(run_dir, m, network, optimizer, profile_steps,
+                                 cross_rank_every, "the custom loop", rank=rank, alerts=alerts,
+                                 sync_every=sync_every, cells=(network, optimizer))
         self.optimizer, self.scaler = optimizer, scaler
+        self._lr = LrReader(optimizer)
         self.tokens_per_sample = tokens_per_sample
+        self.scale = ScaleWatch()
         self._loss: float | None = None
+        self._overflow: bool | None = None
 
     @property
     def recorder(self) -> Recorder:
@@ -223,25 +333,30 @@ class LoopRecorder:
         core = self.core
         core.begin(wait_s=core.loader_wait_s)
         core.count(t if tokens is None else tokens, s if samples is None else samples)
-        core.log(lr=optimizer_lr(self.optimizer))
-        self._loss = None
+        core.log(lr=self._lr(core.step))
+        self.scale.begin(None, self.scaler)  # the scale this step runs with
+        self._loss = self._overflow = None
         try:
             yield core
         except BaseException:
             core.end()  # keep the failed step's times; no loss check
             raise
-        core.end(values={"loss_scale": loss_scale(self.scaler)}, loss=self._loss,
+        core.end(values=self.scale.end(self._overflow), loss=self._loss,
                  missing_loss="held no loss (LoopRecorder.log(loss=...) was not called)")
 
     def log(self, *, loss: Any = None, grads: Iterable[Any] | None = None,
             overflow: Any = None, **values: float) -> None:
-        """Loss (tensor or float), gradients (their global norm is logged), overflow flag."""
+        """Loss (tensor or float), gradients (their global norm is logged), overflow flag
+        (default: the gradients' norm is not finite, or the loss scale backed off)."""
         if loss is not None:
             self._loss = to_float(loss)
         if grads is not None:
-            self.core.log(grad_norm=grad_norm(grads))
+            norm = grad_norm(grads)
+            self.core.log(grad_norm=norm)
+            if overflow is None and self._overflow is None:
+                self._overflow = not math.isfinite(norm)
         if overflow is not None:
-            self.core.log(overflow=float(bool(to_float(overflow))))
+            self._overflow = bool(to_float(overflow))
         self.core.log(**{k: float(v) for k, v in values.items()})
 
     def close(self, status: str = "finished", error: str | None = None) -> None:
@@ -252,5 +367,9 @@ class LoopRecorder:
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
                  tb: Any) -> None:
-        self.close() if et is None else self.close("failed", f"{et.__name__}: {e}")
-
+        if et is None:
+            self.close()
+            return
+        error = f"{et.__name__}: {e}"
+        self.core.rec.run.append_event(crash_event(self.core, error))
+        self.close("failed", error)

@@ -69,6 +69,9 @@ class Settings:
     tokens_per_step: float = math.nan
     samples_per_step: float = math.nan
     flops_convention: str = ""  # `stepscope run --flops-convention NAME`; "" = the default
+    # MindSpore custom loops: device sync at the phase boundaries of every N-th step
+    # (0 = never); MindSpore dispatches asynchronously even on CPU (issue 17).
+    sync_every: int = 10
 
     @classmethod
     def from_env(cls) -> Settings | None:
@@ -93,4 +96,5 @@ class Settings:
             tokens_per_step=_env_float("TOKENS_PER_STEP"),
             samples_per_step=_env_float("SAMPLES_PER_STEP"),
             flops_convention=os.environ.get(ENV_PREFIX + "FLOPS_CONVENTION", "").strip(),
+            sync_every=max(0, _env_int("SYNC_EVERY", 10)),
         )
