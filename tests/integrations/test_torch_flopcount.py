@@ -93,6 +93,17 @@ def test_a_model_that_cannot_run_on_meta_is_not_counted() -> None:
     assert fwd is None and note.startswith("not counted (")
 
 
+def test_a_model_with_forward_hooks_of_its_own_is_not_run() -> None:
+    """FSDP2, accelerate and DeepSpeed keep state in module hooks; stepscope's forward would
+    change it (FSDP2's next real forward then failed), so such a model is left alone."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    calls: list[int] = []
+    model[2].register_forward_pre_hook(lambda m, a: calls.append(1))
+    fwd, why = forward_flops(model, (torch.zeros(4, 8),), {})
+    assert fwd is None and "module 2 has forward hooks of its own" in why
+    assert calls == []  # the hook never ran
+
+
 def test_counted_fields_name_the_convention() -> None:
     f = counted_fields(1000, samples=4, tokens=None)
     assert f["flops_per_sample"] == 750.0 and "flops_per_token" not in f

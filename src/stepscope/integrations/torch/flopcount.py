@@ -5,8 +5,10 @@
 (``torch.func.functional_call`` with meta copies of the parameters and buffers): PyTorch's
 own per-operator formulas (matmul, convolution, scaled-dot-product attention, ...) count
 it, nothing is computed, no memory is allocated and the model is left as it was. Data-
-dependent models (``.item()``, ``nonzero``) cannot run on meta tensors: then None and a
-reason, and the run keeps the 6N convention.
+dependent models (``.item()``, ``nonzero``) cannot run on meta tensors, and models whose
+modules carry forward hooks of their own (FSDP2, accelerate, DeepSpeed) or sharded
+parameters are not run at all (the hooks keep state a foreign forward would change):
+then None and a reason, and the run keeps the 6N convention.
 
 The run's convention is then ``counted``: forward FLOPs x 3 (the backward taken as twice
 the forward: gradients of inputs and of weights, one matmul each), per sample and, where
@@ -54,6 +56,26 @@ def _inner(model: Any) -> Any:
     return model
 
 
+def _not_safe(m: Any) -> str | None:
+    """Why running ``m``'s forward outside the training would change it, or None.
+
+    A module's own forward hooks run on any call (functional_call included): FSDP2's
+    unshard/reshard, accelerate's device placement and DeepSpeed's parameter fetches keep
+    state in them, and a forward stepscope ran would leave that state behind for the
+    script's next one (FSDP2 then mixed plain tensors with DTensors). Sharded parameters
+    (DTensor, or any tensor subclass) are left alone for the same reason.
+    """
+    import torch
+
+    for name, sub in m.named_modules():
+        if sub._forward_pre_hooks or sub._forward_hooks:
+            return f"module {name or type(sub).__name__} has forward hooks of its own"
+    for name, p in m.named_parameters():
+        if type(p) not in (torch.Tensor, torch.nn.Parameter):
+            return f"parameter {name} is a {type(p).__name__}"
+    return None
+
+
 def forward_flops(model: Any, args: Any, kwargs: Any = None) -> tuple[int | None, str]:
     """(FLOPs of one forward on inputs shaped like ``args``/``kwargs``, note)."""
     import torch
@@ -61,6 +83,9 @@ def forward_flops(model: Any, args: Any, kwargs: Any = None) -> tuple[int | None
     from torch.utils.flop_counter import FlopCounterMode
 
     m = _inner(model)
+    why = _not_safe(m)
+    if why:
+        return None, f"not counted ({why})"
     try:
         state = {k: torch.empty_like(v, device="meta") for k, v in
                  [*m.named_parameters(), *m.named_buffers()]}

@@ -116,7 +116,7 @@ def _module_hooks(st: AutoState) -> None:
     # counted, 2 the outermost call of an evaluation forward (see .between), 3 a loss module
     # computing that evaluation's loss (see .evalloss).
     def pre(module: Any, args: Any) -> None:
-        if compiling():
+        if compiling() or st.quiet:
             return
         counted = not st.in_backward and grad_enabled()
         if not counted:
@@ -132,7 +132,7 @@ def _module_hooks(st: AutoState) -> None:
         st.depth += 1
 
     def post(module: Any, args: Any, output: Any) -> None:
-        if compiling() or not stack:
+        if compiling() or st.quiet or not stack:
             return
         mark = stack.pop()
         if mark != 1:

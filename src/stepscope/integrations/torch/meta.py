@@ -162,7 +162,11 @@ def _counted(st: AutoState, b: dict[str, Any]) -> dict[str, Any] | None:
         return None
     model, args, kwargs = st.flop_call
     st.flop_call = None  # counted once; the meta copies are dropped
-    fwd, why = flopcount.forward_flops(model, args, kwargs)
+    st.quiet = True  # the count's forward is not the script's: no eval, no step
+    try:
+        fwd, why = flopcount.forward_flops(model, args, kwargs)
+    finally:
+        st.quiet = False
     if fwd is None:
         st.notes["flops_counted"] = why
         return None

@@ -80,6 +80,7 @@ class AutoState:
         self.root: Any = None  # the outermost module of the forward in progress
         self.root_counted = False
         self.in_backward = False
+        self.quiet = False  # stepscope runs the model itself (FLOPs count): hooks stand by
         self.primary: Any = None  # weakref to the optimizer whose steps are boundaries
         self.t_opt0 = 0.0
         self.clip_norm: Any = None
