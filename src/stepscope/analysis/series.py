@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._fastnp import unique_ints
 from ..schema import AnyArray, StepTable
 
 __all__ = ["SERIES", "MAX_RANK_SERIES", "step_series", "by_step", "envelope", "RankHeatmap",
@@ -56,7 +57,7 @@ def by_step(table: StepTable, col: str, how: str) -> tuple[AnyArray, AnyArray]:
     steps, vals = steps[keep], vals[keep]
     if not len(steps):
         return steps, vals
-    uniq, inv = np.unique(steps, return_inverse=True)
+    uniq, inv = unique_ints(steps, return_inverse=True)
     out: AnyArray
     if how in ("first", "mean"):
         out = np.bincount(inv, weights=vals) / np.bincount(inv)

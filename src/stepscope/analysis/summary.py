@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fastnp import LastResult, unique_ints
 from ..calc import flops
 from ..schema import BETWEEN_STEP_COLUMNS, AnyArray, RunMeta, StepTable
 from ._groups import Groups as _Groups
@@ -72,14 +73,21 @@ def steady_mask(table: StepTable) -> AnyArray:
     Per rank ordered by step: the first step always, then leading steps slower than
     ``WARMUP_SLOW_FACTOR`` x the median of the rest (finite values), at most
     ``WARMUP_MAX_FRAC`` of the rank's steps; ranks of two or fewer steps drop one.
+    Read-only; the last table's mask is reused (the sheet, rules and ledgers all ask).
     """
-    mask = np.zeros(len(table), dtype=bool)
-    if not len(table):
+    return _STEADY((table["rank"], table["step"], table["step_time_s"]), (len(table),))
+
+
+def _steady_mask(rank: AnyArray, step: AnyArray, step_time: AnyArray, n_rows: int
+                 ) -> AnyArray:
+    mask = np.zeros(n_rows, dtype=bool)
+    mask.flags.writeable = False
+    if not n_rows:
         return mask
-    g = _Groups.of(table["rank"], within=table["step"])
-    st = table["step_time_s"][g.order]
+    g = _Groups.of(rank, within=step)
+    st = step_time[g.order]
     n = g.counts
-    ref = g.medians(table["step_time_s"], skip_first=True)
+    ref = g.medians(step_time, skip_first=True)
     pos = np.arange(st.size) - np.repeat(g.starts, n)
     with np.errstate(invalid="ignore"):
         slow = np.isfinite(st) & (st > WARMUP_SLOW_FACTOR * np.repeat(ref, n))
@@ -89,8 +97,13 @@ def steady_mask(table: StepTable) -> AnyArray:
     k = np.minimum(first_fast, cap)
     k = np.where(np.isfinite(ref), k, 1)  # nothing to compare with: drop the first only
     k = np.where(n <= 2, np.minimum(n - 1, 1), k)
+    mask = np.zeros(n_rows, dtype=bool)
     mask[g.order[pos >= np.repeat(k, n)]] = True
+    mask.flags.writeable = False
     return mask
+
+
+_STEADY = LastResult(_steady_mask)
 
 
 def headline_mask(table: StepTable, conditions: Conditions | None = None
@@ -101,11 +114,23 @@ def headline_mask(table: StepTable, conditions: Conditions | None = None
 
         mask, regimes = headline_mask(table, run.read_conditions())
         regimes.steady_regime.name      # "steps 70-149"
+
+    The last table's result is reused (same table and conditions objects): read-only.
     """
+    return _HEADLINE((table,), (conditions,))
+
+
+def _headline_mask(table: StepTable, conditions: Conditions | None
+                   ) -> tuple[AnyArray, Regimes]:
     steady = steady_mask(table)
     regimes = find_regimes(table, steady if steady.any() else np.ones(len(table), bool),
                            conditions)
-    return steady & regimes.mask(table), regimes
+    mask = steady & regimes.mask(table)
+    mask.flags.writeable = False
+    return mask, regimes
+
+
+_HEADLINE = LastResult(_headline_mask)
 
 
 def _regime_notes(regimes: Regimes) -> list[str]:
@@ -291,12 +316,13 @@ def _rank_lines(steady: StepTable) -> list[RankLine]:
 def _loss_stats(table: StepTable) -> tuple[float | None, float | None, float | None]:
     if not table.has_data("loss"):
         return None, None, None
-    order = np.lexsort((table["rank"], table["step"]))
-    loss = table["loss"][order]
-    finite = loss[np.isfinite(loss)]
-    if not finite.size:
+    loss, step, rank = table["loss"], table["step"], table["rank"]
+    ok = np.flatnonzero(np.isfinite(loss))  # first/last in (step, rank) order, no sort;
+    if not ok.size:  # ties keep table order, as a stable sort would
         return None, None, None
-    return float(finite[0]), float(finite[-1]), float(finite.min())
+    lo, hi = ok[step[ok] == step[ok].min()], ok[step[ok] == step[ok].max()]
+    first, last = lo[np.argmin(rank[lo])], hi[hi.size - 1 - np.argmax(rank[hi][::-1])]
+    return float(loss[first]), float(loss[last]), float(loss[ok].min())
 
 
 def _recording_notes(table: StepTable, meta: RunMeta | None) -> list[str]:
@@ -319,7 +345,7 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
     ``conditions`` (``RunDir.read_conditions()``) add evidence to the regimes.
     """
     ranks = len(table.ranks())
-    steps = int(len(np.unique(table["step"]))) if len(table) else 0
+    steps = int(len(unique_ints(table["step"]))) if len(table) else 0
     mask = steady_mask(table)
     head, regimes = headline_mask(table, conditions)
     steady = table.select(head) if head.any() else table

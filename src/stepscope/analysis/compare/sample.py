@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ..._fastnp import unique_ints
 from ...schema import RunMeta, StepTable
 from ..summary import Conditions, headline_mask, steady_mask, summarize
 
@@ -147,8 +148,8 @@ def step_sample(table: StepTable, meta: RunMeta | None = None,
     head, _ = headline_mask(table, conditions)
     steady = table.select(head) if head.any() else table
     steady = steady.select(np.isfinite(steady["step_time_s"]))
-    steps, step_pos = np.unique(steady["step"], return_inverse=True)
-    ranks, rank_pos = np.unique(steady["rank"], return_inverse=True)
+    steps, step_pos = unique_ints(steady["step"], return_inverse=True)
+    ranks, rank_pos = unique_ints(steady["rank"], return_inverse=True)
     shape = (len(steps), len(ranks))
     cols = {c: _matrix(steady, c, step_pos, rank_pos, shape)
             for c in ("step_time_s", "tokens", "samples", "data_wait_s", "comm_exposed_s")}

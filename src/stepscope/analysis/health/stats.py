@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..._fastnp import is_ordered, unique_ints
 from ...schema import AnyArray, StepTable
 
 __all__ = [
@@ -165,8 +166,9 @@ def _rank_order(table: StepTable) -> tuple[AnyArray, AnyArray, AnyArray]:
     hit = _ORDER_CACHE.get(key)
     if hit is not None and hit[0]() is rank:
         return hit[1], hit[2], hit[3]
-    order = np.lexsort((table["step"], rank))  # stable: ties keep table order
-    ranks, starts = np.unique(rank[order], return_index=True)
+    order = (np.arange(rank.size) if is_ordered(rank, table["step"])
+             else np.lexsort((table["step"], rank)))  # stable: ties keep table order
+    ranks, starts = unique_ints(rank[order], return_index=True)
     bounds = np.r_[starts, rank.size]
     ref = weakref.ref(rank, lambda _: _ORDER_CACHE.pop(key, None))
     _ORDER_CACHE[key] = (ref, ranks, order, bounds)
