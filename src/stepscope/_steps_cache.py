@@ -39,7 +39,7 @@ import orjson
 
 from ._steps_decode import VALUE_RULES, Block, ReadStats, concat_blocks, decode_steps
 
-__all__ = ["load_rank_file", "CACHE_FORMAT"]
+__all__ = ["load_rank_file", "uncached_bytes", "CACHE_FORMAT"]
 
 # Changes whenever what a cached segment means changes (validation rules, layout).
 CACHE_FORMAT = "stepscope-steps-1:" + hashlib.sha1(
@@ -101,13 +101,16 @@ def _load_segments(cache_dir: Path, m: _Manifest) -> Block | None:
     try:
         for seg in m.segments:
             cols = [str(c) for c in seg["columns"]]
-            mat = np.load(cache_dir / seg["file"], allow_pickle=False)
+            # Mapped, then each column copied out on its own: the table's columns do not
+            # keep one rank's whole matrix alive, and no second copy of it is made.
+            mat = np.load(cache_dir / seg["file"], allow_pickle=False, mmap_mode="r")
             if mat.dtype != np.float64 or mat.shape != (len(cols), int(seg["rows"])):
                 return None
+            mat = [np.array(row) for row in mat]
             flags = {}
             if seg["flags"]:
                 fmat = np.load(cache_dir / seg["flags"], allow_pickle=False)
-                if fmat.dtype != np.bool_ or fmat.shape != mat.shape:
+                if fmat.dtype != np.bool_ or fmat.shape != (len(cols), int(seg["rows"])):
                     return None
                 flags = {c: f for c, f in zip(cols, fmat, strict=True) if f.any()}
             blocks.append(Block(int(seg["rows"]), dict(zip(cols, mat, strict=True)), flags))
@@ -178,6 +181,20 @@ def _update(cache_dir: Path, source: Path, old: _Manifest | None, st: os.stat_re
             _prune(cache_dir, source, m)
     except OSError:
         pass  # read-only or full disk: this read still has its result, just no cache
+
+
+def uncached_bytes(path: Path, cache_dir: Path | None) -> int:
+    """Bytes of ``path`` that a read would have to decode (its cache aside): the whole
+    file without a plausible cache entry, else what it grew by. A cheap estimate (the
+    64-byte check is left to the read); it only decides whether processes pay off."""
+    try:
+        st = path.stat()
+    except OSError:
+        return 0
+    m = _read_manifest(_manifest_path(cache_dir, path)) if cache_dir is not None else None
+    if m is None or m.ino != st.st_ino or m.end > st.st_size or st.st_size < m.size:
+        return int(st.st_size)
+    return int(st.st_size - m.end)
 
 
 def load_rank_file(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._steps_cache import load_rank_file
+from ._steps_cache import load_rank_file, uncached_bytes
 from ._steps_decode import Block, ReadStats, concat_blocks
 from .schema import STEP_COLUMN_NAMES, AnyArray, StepTable
 
@@ -118,17 +118,13 @@ def _read_one(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats]:
     return block, stats
 
 
-def _size(p: Path) -> int:
-    try:
-        return p.stat().st_size
-    except OSError:
-        return 0
-
-
 def _read_all(files: Sequence[Path], cache_dir: Path | None, processes: int | None
               ) -> list[tuple[Block, ReadStats]]:
     workers = min(len(files), processes or os.cpu_count() or 1)
-    big = sum(_size(f) for f in files) >= _PARALLEL_MIN_BYTES * max(2, workers)
+    # Only bytes to decode pay for processes: cached columns load faster here than they
+    # could be pickled back from a worker.
+    big = workers > 1 and sum(uncached_bytes(f, cache_dir) for f in files) \
+        >= _PARALLEL_MIN_BYTES * max(2, workers)
     if workers <= 1 or (processes is None and not big):
         return [_read_one(f, cache_dir) for f in files]
     # fork: the workers need nothing but this module, already imported.
@@ -149,8 +145,10 @@ def read_step_files(files: Sequence[Path], cache_dir: Path | None = None,
     parts = _read_all(files, cache_dir, processes)
     for _, s in parts:
         stats.merge(s)
-    block = concat_blocks(b for b, _ in parts)
-    if len(parts) > 1 and block.n:
+    several = len(parts) > 1
+    block = concat_blocks((b for b, _ in parts), consume=True)
+    del parts
+    if several and block.n:
         before = block.n
         block = merge_duplicates(block, "steps/", stats, DUPLICATE_ACROSS, merge_late=False)
         stats.records -= before - block.n

@@ -41,6 +41,18 @@ def _windows(x: AnyArray, window: int) -> AnyArray:
     return sliding_window_view(pad, window) if x.size else np.empty((0, window))
 
 
+def _row_medians(w: AnyArray, full: AnyArray) -> AnyArray:
+    """``np.nanmedian(w, axis=1)``: rows marked ``full`` (every value finite) by
+    ``np.median``'s partition, the rest (the window start, gaps) by ``np.nanmedian``.
+    Both take the same middle values; the masked sort of ``nanmedian`` costs ~10x more."""
+    out = np.empty(w.shape[0])
+    if full.any():
+        out[full] = np.median(w[full], axis=1)
+    if not full.all():
+        out[~full] = np.nanmedian(w[~full], axis=1)
+    return out
+
+
 def trailing_median(x: AnyArray, window: int, min_periods: int) -> AnyArray:
     """Median of the finite values among the ``window`` values before each position."""
     w = _windows(x, window)
@@ -50,7 +62,7 @@ def trailing_median(x: AnyArray, window: int, min_periods: int) -> AnyArray:
     count = np.isfinite(w).sum(axis=1)
     ok = count >= min_periods
     if ok.any():
-        out[ok] = np.nanmedian(w[ok], axis=1)
+        out[ok] = _row_medians(w[ok], count[ok] == window)
     return out
 
 
@@ -70,8 +82,9 @@ def trailing_robust_z(x: AnyArray, window: int, min_periods: int,
     if not ok.any():
         return z
     sub = w[ok]
-    med = np.nanmedian(sub, axis=1)
-    mad = np.nanmedian(np.abs(sub - med[:, None]), axis=1)
+    full = count[ok] == window
+    med = _row_medians(sub, full)
+    mad = _row_medians(np.abs(sub - med[:, None]), full)
     scale = np.maximum(MAD_TO_SIGMA * mad, rel_floor * np.abs(med))
     scale = np.where(scale > 0, scale, np.finfo(float).tiny)
     z[ok] = (x[ok] - med) / scale
@@ -94,11 +107,18 @@ def spearman(x: AnyArray, y: AnyArray) -> float:
     ok = np.isfinite(x) & np.isfinite(y)
     if ok.sum() < 3:
         return 0.0
-    rx = np.argsort(np.argsort(x[ok])).astype(float)
-    ry = np.argsort(np.argsort(y[ok])).astype(float)
+    rx, ry = _ranks(x[ok]), _ranks(y[ok])
     if rx.std() == 0 or ry.std() == 0:
         return 0.0
     return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(v: AnyArray) -> AnyArray:
+    """``np.argsort(np.argsort(v))`` as floats, with one sort instead of two."""
+    order = np.argsort(v)
+    out = np.empty(v.size)
+    out[order] = np.arange(v.size, dtype=np.float64)
+    return out
 
 
 def best_split(y: AnyArray, min_segment: int, max_points: int = 400) -> int | None:
