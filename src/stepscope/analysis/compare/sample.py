@@ -21,9 +21,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +36,8 @@ from ...schema import RunMeta, StepTable
 from ..summary import Conditions, headline_mask, steady_mask, summarize
 
 __all__ = ["StepSample", "step_sample", "MetricSpec", "METRICS", "Stat", "PerStep",
-           "split_half_rel", "spread_rel", "OUTLIER_Z", "CHUNK_FLOATS", "FloatArray"]
+           "split_half_rel", "spread_rel", "OUTLIER_Z", "CHUNK_FLOATS", "FloatArray",
+           "shared_products"]
 
 # Modified z-score above which a step is an outlier (Iglewicz & Hoaglin 1993, sec. 3.2).
 OUTLIER_Z = 3.5
@@ -182,6 +185,43 @@ Stat = Callable[[StepSample, FloatArray], FloatArray]
 PerStep = Callable[[StepSample], FloatArray]
 
 
+class _Products:
+    """``weights @ matrix`` of registered weight matrices, each pair computed once. The
+    weights and matrices are held here, so the ids that key them cannot be reused."""
+
+    def __init__(self, weights: Sequence[FloatArray]) -> None:
+        self.weights = {id(w): w for w in weights}
+        self.done: dict[tuple[int, int], tuple[FloatArray, FloatArray]] = {}
+
+
+_PRODUCTS: contextvars.ContextVar[_Products | None] = \
+    contextvars.ContextVar("stepscope_compare_products", default=None)
+
+
+@contextlib.contextmanager
+def shared_products(weights: Sequence[FloatArray]) -> Iterator[None]:
+    """Within the block, ``w @ matrix`` for each ``w`` of ``weights`` is computed once per
+    matrix and reused: the metrics of one ledger draw the same replicate weights per run,
+    and tokens/s, MFU and samples/s all divide by the same resampled step time (the
+    largest cost at 1,024 ranks). Other weights (point values, split halves) are not kept."""
+    token = _PRODUCTS.set(_Products(weights))
+    try:
+        yield
+    finally:
+        _PRODUCTS.reset(token)
+
+
+def _dot(w: FloatArray, m: FloatArray) -> FloatArray:
+    memo = _PRODUCTS.get()
+    if memo is None or memo.weights.get(id(w)) is not w:
+        return np.asarray(w @ m)
+    key = (id(w), id(m))
+    hit = memo.done.get(key)
+    if hit is None or hit[0] is not m:
+        hit = memo.done[key] = (m, np.asarray(w @ m))
+    return hit[1]
+
+
 def _throughput(col: str) -> tuple[Stat, PerStep]:
     def ratio(num: FloatArray, den: FloatArray) -> FloatArray:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -189,7 +229,7 @@ def _throughput(col: str) -> tuple[Stat, PerStep]:
         return np.asarray(np.where(total > 0, total, np.nan))
 
     def stat(s: StepSample, w: FloatArray) -> FloatArray:
-        return ratio(w @ getattr(s, col), w @ s.step_time)
+        return ratio(_dot(w, getattr(s, col)), _dot(w, s.step_time))
 
     def per_step(s: StepSample) -> FloatArray:
         return ratio(getattr(s, col), s.step_time)
