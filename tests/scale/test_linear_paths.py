@@ -174,3 +174,45 @@ def test_bootstrap_drawn_once_per_run_equals_one_draw_per_metric(ranks: int, ste
                                       _old_metric_boot(name, s, 200, 7, which), equal_nan=True)
     ledger = speed.speed_ledger(ta, None, tb, None, seed=7, n_boot=200)
     assert ledger.metrics["tokens_per_s"].ci_rel is not None
+
+
+def _old_thinned(s):  # the lexsort of every row, as before
+    import dataclasses
+
+    from stepscope.analysis.compare import sample
+    n_units = s.n_steps
+    if s.rows_sorted.size <= sample._EXACT_MEDIAN_ROWS or not n_units:
+        return s
+    k = max(1, sample._EXACT_MEDIAN_ROWS // n_units)
+    order = np.lexsort((s.rows_sorted, s.rows_unit))
+    count = np.bincount(s.rows_unit, minlength=n_units)
+    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    has = np.flatnonzero(count)
+    pos = start[has, None] + ((np.arange(k) + 0.5) * count[has, None] / k).astype(np.int64)
+    vals = s.rows_sorted[order][pos].ravel()
+    units = np.repeat(has, k)
+    weight = np.repeat(count[has] / k, k).astype(np.float64)
+    by_value = np.argsort(vals, kind="stable")
+    return dataclasses.replace(s, rows_sorted=vals[by_value], rows_unit=units[by_value],
+                               rows_weight=weight[by_value])
+
+
+@pytest.mark.parametrize("ranks,steps,units", [(300, 400, 1000), (64, 1500, 1000),
+                                               (200, 300, 7)])
+def test_thinned_rows_equal_the_lexsort_of_every_row(ranks: int, steps: int, units: int
+                                                     ) -> None:
+    t = _run(3, ranks, steps)
+    st = t["step_time_s"].copy()
+    st[::7] = np.round(st[::7], 1)  # ties between values
+    s = step_sample(StepTable.from_columns({**{c: t[c] for c in t.columns
+                                               if t[c].strides != (0,)}, "step_time_s": st}))
+    import dataclasses
+    length = -(-s.n_steps // units) if s.n_steps > units else 1
+    got = s.blocked(units)
+    base = s if length == 1 else dataclasses.replace(
+        s, rows_unit=(np.arange(s.n_steps) // length)[s.rows_unit],
+        step_time=got.step_time, tokens=got.tokens, samples=got.samples,
+        data_wait=got.data_wait, comm_exposed=got.comm_exposed, present=got.present)
+    want = _old_thinned(base)
+    for name in ("rows_sorted", "rows_unit", "rows_weight"):
+        assert np.array_equal(getattr(got, name), getattr(want, name))
