@@ -53,6 +53,15 @@ def _row_medians(w: AnyArray, full: AnyArray) -> AnyArray:
     return out
 
 
+# Windows are copied this many rows at a time: a 150,000-step series with a 128-step window
+# is a 154 MB matrix per copy, and the median and MAD each made a few.
+_ROWS_PER_CHUNK = 8192
+
+
+def _chunks(rows: AnyArray) -> list[AnyArray]:
+    return [rows[i:i + _ROWS_PER_CHUNK] for i in range(0, rows.size, _ROWS_PER_CHUNK)]
+
+
 def trailing_median(x: AnyArray, window: int, min_periods: int) -> AnyArray:
     """Median of the finite values among the ``window`` values before each position."""
     w = _windows(x, window)
@@ -60,9 +69,8 @@ def trailing_median(x: AnyArray, window: int, min_periods: int) -> AnyArray:
     if not x.size:
         return out
     count = np.isfinite(w).sum(axis=1)
-    ok = count >= min_periods
-    if ok.any():
-        out[ok] = _row_medians(w[ok], count[ok] == window)
+    for rows in _chunks(np.flatnonzero(count >= min_periods)):
+        out[rows] = _row_medians(w[rows], count[rows] == window)
     return out
 
 
@@ -81,13 +89,13 @@ def trailing_robust_z(x: AnyArray, window: int, min_periods: int,
     ok = (count >= min_periods) & np.isfinite(x)
     if not ok.any():
         return z
-    sub = w[ok]
-    full = count[ok] == window
-    med = _row_medians(sub, full)
-    mad = _row_medians(np.abs(sub - med[:, None]), full)
-    scale = np.maximum(MAD_TO_SIGMA * mad, rel_floor * np.abs(med))
-    scale = np.where(scale > 0, scale, np.finfo(float).tiny)
-    z[ok] = (x[ok] - med) / scale
+    for rows in _chunks(np.flatnonzero(ok)):  # row by row: the same values as all at once
+        sub, full = w[rows], count[rows] == window
+        med = _row_medians(sub, full)
+        mad = _row_medians(np.abs(sub - med[:, None]), full)
+        scale = np.maximum(MAD_TO_SIGMA * mad, rel_floor * np.abs(med))
+        scale = np.where(scale > 0, scale, np.finfo(float).tiny)
+        z[rows] = (x[rows] - med) / scale
     return z
 
 
