@@ -88,11 +88,26 @@ def generate(path: Path, ranks: int, steps: int, seed: int = 0, keep: bool = Fal
 
 
 def floor_s(run: RunDir) -> float:
+    """The bulk decode, in a child process: decoding gigabytes here would raise this
+    process's resident set, and a child started by fork/vfork + exec reports at least the
+    parent's resident set at that moment as its own peak (Linux records the old address
+    space's high-water mark at exec), which made every command's peak read ~2.9 GB."""
+    out = subprocess.run([sys.executable, __file__, "--floor-of", str(run.path)],
+                         capture_output=True, text=True, check=True, timeout=3600)
+    return float(out.stdout.strip())
+
+
+def _floor_here(path: Path) -> float:
     dec = msgspec.json.Decoder()
     t0 = time.perf_counter()
-    for f in run.step_files():
+    for f in RunDir(path).step_files():
         dec.decode_lines(f.read_bytes())
     return time.perf_counter() - t0
+
+
+def _own_peak_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def timed(argv: list[str], src: str | None = None) -> tuple[float, float]:
@@ -120,7 +135,7 @@ def _commands(a: Path, b: Path, html: Path) -> dict[str, list[str]]:
 
 
 def bench_shape(root: Path, ranks: int, steps: int, before: str | None, repeat: int = 1,
-                keep: bool = False) -> list[str]:
+                keep: bool = False, only: tuple[str, ...] = ()) -> list[str]:
     a = generate(root / f"a-{ranks}x{steps}", ranks, steps, seed=1, keep=keep)
     b = generate(root / f"b-{ranks}x{steps}", ranks, steps, seed=2, keep=keep)
     size = sum(f.stat().st_size for f in a.step_files()) / 1e6
@@ -133,6 +148,8 @@ def bench_shape(root: Path, ranks: int, steps: int, before: str | None, repeat: 
            "| peak MB cold | peak MB warm" + (" | before s | before peak MB |" if before else " |"),
            "|---|---|---|---|---|---|---|---" + ("|---|---|" if before else "|")]
     for name, argv in _commands(a.path, b.path, root / "r.html").items():
+        if only and name not in only:
+            continue
         shutil.rmtree(a.cache_dir, ignore_errors=True)
         shutil.rmtree(b.cache_dir, ignore_errors=True)
         cold, cold_mb = timed(argv)
@@ -163,18 +180,27 @@ def main() -> None:
     ap.add_argument("--before-src", default=None, help="also time this checkout's src/")
     ap.add_argument("--dir", default=None, help="where to generate (default: a temp dir)")
     ap.add_argument("--repeat", type=int, default=1, help="floor and warm runs (min, median)")
+    ap.add_argument("--only", action="append", default=[], metavar="COMMAND",
+                    help="time only this command (repeatable), e.g. 'report --json'")
+    ap.add_argument("--floor-of", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--keep", action="store_true",
                     help="reuse and keep the run directories generated under --dir")
     args = ap.parse_args()
+    if args.floor_of:
+        print(_floor_here(Path(args.floor_of)))
+        return
     shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shape] if args.shape
               else SHAPES["small" if args.small else "full" if args.full else "default"])
     root = Path(args.dir or tempfile.mkdtemp(prefix="stepscope-scale-"))
-    lines = [f"stepscope scale benchmark, {os.cpu_count()} CPUs; files in the page cache"]
+    lines = [f"stepscope scale benchmark, {os.cpu_count()} CPUs; files in the page cache; "
+             f"this process's own peak {_own_peak_mb():,.0f} MB (a command's peak is "
+             "at least what this process held when it started it)"]
     try:
         for ranks, steps in shapes:
             print(f"generating {ranks} x {steps} ...", flush=True)
             lines += bench_shape(root, int(ranks), int(steps), args.before_src,
-                                 max(1, args.repeat), args.keep and args.dir is not None)
+                                 max(1, args.repeat), args.keep and args.dir is not None,
+                                 tuple(args.only))
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
