@@ -236,7 +236,9 @@ def _median_by(v: AnyArray, inv: AnyArray, n: int, slot: AnyArray | None = None
         if int(np.bincount(cells, minlength=n * width).max()) <= 1:
             grid = np.full(n * width, np.nan)
             grid[cells] = x
-            grid = np.sort(grid.reshape(n, width), axis=1)  # NaN sorts last
+            del cells, x  # 10 M rows: each of these is 77 MB
+            grid = grid.reshape(n, width)
+            grid.sort(axis=1)  # in place; NaN sorts last
             counts = np.bincount(g, minlength=n)
             rows = np.flatnonzero(counts)
             c = counts[rows]
