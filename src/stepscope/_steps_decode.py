@@ -172,7 +172,12 @@ class Block:
     flags: dict[str, AnyArray] = field(default_factory=dict)
 
 
-def concat_blocks(blocks: Iterable[Block]) -> Block:
+def concat_blocks(blocks: Iterable[Block], consume: bool = False) -> Block:
+    """One block of ``blocks``' rows in order (a column missing in a part is NaN there).
+
+    ``consume``: each part's column is dropped from it once copied, so that stacking the
+    ranks of a 10-million-row run holds about one table in memory, not two (the parts
+    must not be used afterwards)."""
     parts = [b for b in blocks if b.n]
     if not parts:
         return Block(0, {"step": np.zeros(0), "rank": np.zeros(0)})
@@ -180,8 +185,11 @@ def concat_blocks(blocks: Iterable[Block]) -> Block:
         return parts[0]
     names = dict.fromkeys(k for b in parts for k in b.cols)
     fnames = dict.fromkeys(k for b in parts for k in b.flags)
-    cols = {k: np.concatenate([b.cols.get(k, np.full(b.n, np.nan)) for b in parts])
-            for k in names}
+    cols = {}
+    for k in names:
+        cols[k] = np.concatenate([b.cols.get(k, np.full(b.n, np.nan)) for b in parts])
+        for b in parts if consume else ():
+            b.cols.pop(k, None)
     flags = {k: np.concatenate([b.flags.get(k, np.zeros(b.n, bool)) for b in parts])
              for k in fnames}
     return Block(sum(b.n for b in parts), cols, flags)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._steps_cache import load_rank_file
+from ._fastnp import is_ordered
+from ._steps_cache import covered, load_cached_run, load_rank_file, uncached_bytes
 from ._steps_decode import Block, ReadStats, concat_blocks
 from .schema import STEP_COLUMN_NAMES, AnyArray, StepTable
 
@@ -118,24 +119,50 @@ def _read_one(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats]:
     return block, stats
 
 
-def _size(p: Path) -> int:
-    try:
-        return p.stat().st_size
-    except OSError:
-        return 0
+def _read_to_cache(path: Path, cache_dir: Path | None) -> tuple[Block | None, ReadStats]:
+    """A worker's read: when the cache now holds the whole file, only the stats come back
+    (the parent loads the columns from the cache, faster than unpickling them)."""
+    block, stats = _read_one(path, cache_dir)
+    if cache_dir is not None and covered(path, cache_dir):
+        return None, stats
+    return block, stats
+
+
+def _from_cache(files: Sequence[Path], cache_dir: Path | None
+                ) -> tuple[Block, list[ReadStats]] | None:
+    """The run from its cache alone, when it holds every file whole and the rows are
+    strictly in (rank, step) order (then no rank has a repeated step to merge)."""
+    if cache_dir is None or not files:
+        return None
+    got = load_cached_run(list(files), cache_dir)
+    if got is None or not is_ordered(got[0].cols["rank"], got[0].cols["step"], strict=True):
+        return None
+    return got
 
 
 def _read_all(files: Sequence[Path], cache_dir: Path | None, processes: int | None
               ) -> list[tuple[Block, ReadStats]]:
     workers = min(len(files), processes or os.cpu_count() or 1)
-    big = sum(_size(f) for f in files) >= _PARALLEL_MIN_BYTES * max(2, workers)
+    # Only bytes to decode pay for processes: cached columns load faster here than they
+    # could be pickled back from a worker.
+    big = workers > 1 and sum(uncached_bytes(f, cache_dir) for f in files) \
+        >= _PARALLEL_MIN_BYTES * max(2, workers)
     if workers <= 1 or (processes is None and not big):
         return [_read_one(f, cache_dir) for f in files]
     # fork: the workers need nothing but this module, already imported.
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        return list(pool.map(_read_one, files, [cache_dir] * len(files),
-                             chunksize=max(1, len(files) // (4 * workers))))
+        got = list(pool.map(_read_to_cache, files, [cache_dir] * len(files),
+                            chunksize=max(1, len(files) // (4 * workers))))
+    blocks = [b for b, _ in got]
+    if all(b is not None for b in blocks):
+        return [(b, s) for b, s in got if b is not None]
+    whole = _from_cache(files, cache_dir) if all(b is None for b in blocks) else None
+    if whole is not None:  # one block for the run, the stats of each file
+        return [(whole[0], whole[1][0])] + [(Block(0, {}), s) for s in whole[1][1:]]
+    # Some files changed while read, or mixed results: read the rest here, as usual.
+    return [(b, s) if b is not None else _read_one(f, cache_dir)
+            for f, (b, s) in zip(files, got, strict=True)]
 
 
 def read_step_files(files: Sequence[Path], cache_dir: Path | None = None,
@@ -146,11 +173,18 @@ def read_step_files(files: Sequence[Path], cache_dir: Path | None = None,
     ``processes``: worker processes (default: CPUs, when the files are large; 1 = serial).
     """
     stats = ReadStats()
+    whole = _from_cache(files, cache_dir)
+    if whole is not None:
+        for s in whole[1]:
+            stats.merge(s)
+        return block_to_table(whole[0]), stats
     parts = _read_all(files, cache_dir, processes)
     for _, s in parts:
         stats.merge(s)
-    block = concat_blocks(b for b, _ in parts)
-    if len(parts) > 1 and block.n:
+    several = len(parts) > 1
+    block = concat_blocks((b for b, _ in parts), consume=True)
+    del parts
+    if several and block.n:
         before = block.n
         block = merge_duplicates(block, "steps/", stats, DUPLICATE_ACROSS, merge_late=False)
         stats.records -= before - block.n

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from .errors import ConfigError
 
-__all__ = ["ENGINES", "map_items"]
+__all__ = ["ENGINES", "map_items", "dask_client"]
 
 ENGINES: tuple[str, ...] = ("local", "dask")
 T = TypeVar("T")
@@ -40,6 +40,13 @@ def _local(fn: Callable[[T], R], items: Sequence[T], processes: int | None) -> l
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         return list(pool.map(fn, items, chunksize=max(1, len(items) // (4 * workers))))
+
+
+def dask_client(stack: ExitStack, scheduler: str | None, processes: int | None) -> Any:
+    """A ``distributed.Client`` (closed with ``stack``): to the cluster at ``scheduler``, or
+    to a new ``LocalCluster`` of ``processes`` workers; ConfigError when Dask is missing or
+    the scheduler cannot be reached. For work that keeps data on the workers (futures)."""
+    return _client(stack, scheduler, processes)
 
 
 def _client(stack: ExitStack, scheduler: str | None, processes: int | None) -> Any:

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from ._fastnp import is_ordered, unique_ints
 
 __all__ = [
     "AnyArray",
@@ -129,6 +131,39 @@ def _is_never_recorded(arr: AnyArray) -> bool:
     return arr.ndim == 1 and arr.strides == (0,) and arr.size > 0 and bool(np.isnan(arr[0]))
 
 
+class _Selected(Mapping[str, AnyArray]):
+    """The columns of ``base`` at rows ``index``, each taken on first access and kept.
+
+    A column never recorded (one shared NaN) stays one: it is not copied per row."""
+
+    __slots__ = ("base", "index", "_taken")
+
+    def __init__(self, base: Mapping[str, AnyArray], index: AnyArray) -> None:
+        self.base = base
+        self.index = index
+        self._taken: dict[str, AnyArray] = {}
+
+    def __getitem__(self, name: str) -> AnyArray:
+        got = self._taken.get(name)
+        if got is None:
+            col = self.base[name]
+            if name in _STEP_DTYPES and _is_never_recorded(col):
+                got = _never_recorded(self.index.size)
+            else:
+                got = col[self.index]
+            self._taken[name] = got
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.base)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.base
+
+
 class StepTable:
     """Columnar step table: ``name -> 1-D numpy array``, all the same length.
 
@@ -137,7 +172,8 @@ class StepTable:
     treated as immutable: methods return new tables and never modify arrays in place.
     """
 
-    __slots__ = ("_cols", "_n")
+    __slots__ = ("_cols", "_n", "__weakref__")
+    _cols: Mapping[str, AnyArray]
 
     def __init__(self, columns: Mapping[str, AnyArray]) -> None:
         n = len(next(iter(columns.values()))) if columns else 0
@@ -210,19 +246,36 @@ class StepTable:
         return bool(arr.size) and bool(np.isfinite(arr).any())
 
     def select(self, mask: AnyArray) -> StepTable:
-        """Rows where ``mask`` (bool array or index array) selects."""
-        return StepTable({k: v[mask] for k, v in self._cols.items()
-                          if k not in _STEP_DTYPES or not _is_never_recorded(v)})
+        """Rows where ``mask`` (bool array or index array) selects.
+
+        Columns are taken when first read (see :class:`_Selected`): analyses select steady
+        rows of a 10-million-row table many times and read a few columns of each."""
+        cols = self._cols
+        if isinstance(cols, _Selected):
+            base, idx = cols.base, cols.index[mask]
+        else:
+            base, m = cols, np.asarray(mask)
+            if m.dtype == np.bool_ and m.shape != (self._n,):
+                raise IndexError(f"boolean mask of shape {m.shape} for a table of "
+                                 f"{self._n} rows")
+            idx = np.flatnonzero(m) if m.dtype == np.bool_ else m.astype(np.int64)
+        out = StepTable.__new__(StepTable)
+        out._cols = _Selected(base, idx)
+        out._n = int(idx.size)
+        return out
 
     def rank(self, rank: int) -> StepTable:
         return self.select(self._cols["rank"] == rank)
 
     def ranks(self) -> list[int]:
-        return [int(r) for r in np.unique(self._cols["rank"])]
+        return [int(r) for r in unique_ints(self._cols["rank"])]
 
     def sorted(self) -> StepTable:
         """Rows ordered by (rank, step)."""
-        order = np.lexsort((self._cols["step"], self._cols["rank"]))
+        rank, step = self._cols["rank"], self._cols["step"]
+        if is_ordered(rank, step):
+            return self  # already ordered (the store's tables are): no sort, no copy
+        order = np.lexsort((step, rank))
         return self.select(order)
 
     def to_dict(self) -> dict[str, list[Any]]:

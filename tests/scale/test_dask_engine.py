@@ -97,3 +97,53 @@ def test_index_engine_dask_equals_local(tmp_path: Path, scheduler: str) -> None:
     assert dask.skipped == local.skipped and [s.path for s in local.skipped] == ["broken"]
     assert _rows(tmp_path / "dask.sqlite") == _rows(tmp_path / "local.sqlite")
     assert len(_rows(tmp_path / "local.sqlite")) == 6
+
+
+class _Watching:
+    """The real client, with a record of what ``gather`` brings back to this process."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.gathered: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def gather(self, futures: Any) -> Any:
+        out = self._client.gather(futures)
+        self.gathered.extend(out if isinstance(out, list) else [out])
+        return out
+
+
+def _traces(root: Path, ranks: list[int]) -> None:
+    root.mkdir()
+    for i, rank in enumerate(ranks):
+        events = [thread_name(2, "pt_gloo_runloop")]
+        for k in range(3):
+            events += cpu_step_events(offset=100.0 * k + 7 * i, step=k + 1)
+        write_trace(root / f"t{i}.pt.trace.json", events, rank=rank)
+
+
+@pytest.mark.parametrize("case", ["plain", "steps", "same rank twice", "corrupt file"])
+def test_trace_on_workers_gathers_rank_results_not_tables(tmp_path: Path, scheduler: str,
+                                                          case: str) -> None:
+    from stepscope.analysis.trace.breakdown import RankPart, analyze
+    from stepscope.analysis.trace.distributed import analyze_on_workers
+    from stepscope.schema import EventTable
+    from stepscope.traces import read_trace
+
+    _traces(tmp_path / "tr", [1, 1, 0] if case == "same rank twice" else [2, 0, 1, 3])
+    if case == "corrupt file":
+        (tmp_path / "tr" / "t9.pt.trace.json").write_text('{"traceEvents": [{"ph": "X",')
+    steps = (2, 3) if case == "steps" else None
+    local = analyze(read_trace(tmp_path / "tr", processes=1), steps=steps).to_dict()
+    with distributed.Client(scheduler, timeout=30) as client:
+        watch = _Watching(client)
+        report = analyze_on_workers([tmp_path / "tr"], client=watch, steps=steps)
+    assert report.to_dict() == local
+    assert not any(isinstance(x, EventTable) for x in watch.gathered)
+    assert sum(isinstance(x, RankPart) for x in watch.gathered) == len(local["ranks"])
+    if case == "same rank twice":
+        assert sorted(local["ranks"]) == ["0", "1", "2"]
+    if case == "corrupt file":
+        assert any("t9.pt.trace.json" in w for w in local["warnings"])

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fastnp import unique_ints
 from ..schema import AnyArray, StepTable
 
 __all__ = ["Regime", "Regimes", "find_regimes", "segment", "ENVIRONMENT_CAUSES",
@@ -184,10 +185,16 @@ def segment(step_time_s: AnyArray, min_len: int = MIN_REGIME_STEPS,
 
 
 # -- per-step series and regime statistics ------------------------------------------------
+# _median_by's (steps x ranks) grid is used while it holds at most this many cells per row
+# (plus a constant): ranks that recorded different steps leave holes in it.
+_GRID_PER_ROW = 4
+_GRID_SLACK = 1 << 16
+
+
 def _per_step(table: StepTable) -> dict[str, AnyArray]:
     """Per-step series over ranks: the slowest rank's step time, summed tokens, the median
     rank's CPU share and preemption rate, and the latest wall time."""
-    steps, inv = np.unique(table["step"], return_inverse=True)
+    steps, inv = unique_ints(table["step"], return_inverse=True)
     n = steps.size
     st = table["step_time_s"]
     out: dict[str, AnyArray] = {"step": steps, "step_time_s": np.full(n, -np.inf)}
@@ -197,21 +204,46 @@ def _per_step(table: StepTable) -> dict[str, AnyArray]:
         np.add.at(out["tokens"], inv, np.nan_to_num(table["tokens"]))
     out["wall_time_s"] = np.full(n, -np.inf)
     np.maximum.at(out["wall_time_s"], inv, np.nan_to_num(table["wall_time_s"], nan=-np.inf))
+    slots: AnyArray | None = None
     with np.errstate(divide="ignore", invalid="ignore"):
         for col, key in (("cpu_s", "cpu_per_wall"), ("preempt", "preempt_per_s")):
-            v = table[col] / st if table.has_data(col) else np.full(len(table), np.nan)
-            out[key] = _median_by(v, inv, n)
+            if not table.has_data(col):
+                out[key] = np.full(n, np.nan)
+                continue
+            if slots is None:
+                slots = unique_ints(table["rank"], return_inverse=True)[1]
+            out[key] = _median_by(table[col] / st, inv, n, slots)
     return out
 
 
-def _median_by(v: AnyArray, inv: AnyArray, n: int) -> AnyArray:
+def _median_by(v: AnyArray, inv: AnyArray, n: int, slot: AnyArray | None = None
+               ) -> AnyArray:
     """Median of the finite ``v`` of each group ``inv`` (0..n-1), NaN for empty groups;
-    one sort, no loop over groups (a run may have 1000 ranks x 100k steps)."""
+    no loop over groups (a run may have 1000 ranks x 100k steps).
+
+    ``slot`` (e.g. each row's rank index): when every (group, slot) pair occurs at most
+    once and the (groups x slots) grid is not much larger than the rows, the values are
+    placed in that grid and each row of it sorted (small sorts); otherwise one sort of
+    all rows by (group, value). Both take the same middle values."""
     out = np.full(n, np.nan)
     ok = np.isfinite(v)
     if not ok.any():
         return out
     g, x = inv[ok], v[ok]
+    width = int(slot.max()) + 1 if slot is not None and slot.size else 0
+    if slot is not None and n * width <= _GRID_PER_ROW * v.size + _GRID_SLACK:
+        cells = g * width + slot[ok]
+        if int(np.bincount(cells, minlength=n * width).max()) <= 1:
+            grid = np.full(n * width, np.nan)
+            grid[cells] = x
+            del cells, x  # 10 M rows: each of these is 77 MB
+            grid = grid.reshape(n, width)
+            grid.sort(axis=1)  # in place; NaN sorts last
+            counts = np.bincount(g, minlength=n)
+            rows = np.flatnonzero(counts)
+            c = counts[rows]
+            out[rows] = (grid[rows, (c - 1) // 2] + grid[rows, c // 2]) / 2.0
+            return out
     order = np.lexsort((x, g))
     g, x = g[order], x[order]
     counts = np.bincount(g, minlength=n)

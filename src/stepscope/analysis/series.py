@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._fastnp import unique_ints
 from ..schema import AnyArray, StepTable
 
 __all__ = ["SERIES", "MAX_RANK_SERIES", "step_series", "by_step", "envelope", "RankHeatmap",
-           "rank_heatmap", "phase_stack", "PHASES", "dense_ids"]
+           "rank_heatmap", "phase_stack", "PHASES"]
 
 # Per-rank series are drawn for up to this many ranks; past it the heatmap is the view (a
 # tracker would drown in thousands of series).
@@ -45,23 +46,6 @@ PHASES: tuple[str, ...] = ("data_wait_s", "forward_s", "backward_s", "optimizer_
                            "comm_exposed_s")
 
 
-def dense_ids(x: AnyArray) -> tuple[AnyArray, AnyArray]:
-    """(sorted distinct values, index of each value): ``np.unique(return_inverse)``, in
-    O(n) with a lookup table when the values span a small range of integers (ranks, steps,
-    a zoomed window of steps) instead of a sort of every row."""
-    if x.size and x.dtype.kind in "iu":
-        lo = int(x.min())
-        span = int(x.max()) - lo
-        if span < 4 * x.size + 4096:
-            off = x - lo
-            present = np.bincount(off, minlength=span + 1) > 0
-            values = np.flatnonzero(present) + lo
-            lookup = np.cumsum(present) - 1
-            return values.astype(x.dtype, copy=False), lookup[off]
-    values, inverse = np.unique(x, return_inverse=True)
-    return values, inverse
-
-
 def by_step(table: StepTable, col: str, how: str) -> tuple[AnyArray, AnyArray]:
     """(steps, value per step) of ``col`` over ranks: ``max``, ``sum``, ``mean`` or
     ``first`` (the lowest rank). Non-finite values are left out."""
@@ -73,7 +57,7 @@ def by_step(table: StepTable, col: str, how: str) -> tuple[AnyArray, AnyArray]:
     steps, vals = steps[keep], vals[keep]
     if not len(steps):
         return steps, vals
-    uniq, inv = dense_ids(steps)
+    uniq, inv = unique_ints(steps, return_inverse=True)
     out: AnyArray
     if how in ("first", "mean"):
         out = np.bincount(inv, weights=vals) / np.bincount(inv)

@@ -38,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from .._fastnp import LastResult, unique_ints
 from ..schema import BETWEEN_STEP_COLUMNS, AnyArray, RunMeta, StepTable
+from ._groups import Groups as _Groups
 from .mfu import run_mfu
 from .regimes import Regimes, find_regimes
 
@@ -63,92 +65,6 @@ _PHASE_COLUMNS = {
 }
 
 
-@dataclass(frozen=True)
-class _Groups:
-    """Rows grouped by rank, each group in table order (a stable sort): ``order[starts[g]:
-    starts[g] + counts[g]]`` are the rows of rank ``ranks[g]``. One sort replaces one
-    full-table mask per rank (O(ranks x rows)). Sums stay ``np.sum`` of each rank's slice
-    (pairwise summation): ``np.add.reduceat`` sums sequentially and would move the last
-    bits of every share, so the one loop left is over slices, O(rows) in all."""
-
-    ranks: AnyArray
-    order: AnyArray
-    starts: AnyArray
-    counts: AnyArray
-
-    @classmethod
-    def of(cls, rank: AnyArray, within: AnyArray | None = None) -> _Groups:
-        order = _stable_order(rank, within)
-        r = rank[order]
-        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]]) if r.size else r[:0]
-        counts = np.diff(np.r_[starts, r.size])
-        return cls(r[starts], order, starts, counts)
-
-    def gid(self) -> AnyArray:
-        """Group index of each position of ``order``."""
-        return np.repeat(np.arange(self.ranks.size), self.counts)
-
-    def sums(self, x: AnyArray) -> AnyArray:
-        """np.nansum of each group (0.0 for none)."""
-        if not x.size:
-            return np.zeros(self.ranks.size)
-        v = x[self.order]
-        return self._slice_sums(np.where(np.isnan(v), 0.0, v), self.starts, self.counts)
-
-    @staticmethod
-    def _slice_sums(v: AnyArray, starts: AnyArray, counts: AnyArray) -> AnyArray:
-        return np.array([v[a:a + n].sum() for a, n in zip(starts.tolist(), counts.tolist(),
-                                                          strict=True)], dtype=np.float64)
-
-    def finite_sums(self, x: AnyArray) -> AnyArray:
-        """Sum of each group's finite values, as ``x[np.isfinite(x)].sum()`` (0.0 for none)."""
-        v = x[self.order]
-        ok = np.isfinite(v)
-        out = np.zeros(self.ranks.size)
-        gid = self.gid()[ok]
-        if gid.size:
-            first = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
-            out[gid[first]] = self._slice_sums(v[ok], first, np.diff(np.r_[first, gid.size]))
-        return out
-
-    def any_finite(self, x: AnyArray) -> AnyArray:
-        if not x.size:
-            return np.zeros(self.ranks.size, dtype=bool)
-        return np.logical_or.reduceat(np.isfinite(x[self.order]), self.starts)
-
-    def medians(self, x: AnyArray, skip_first: bool = False) -> AnyArray:
-        """np.median of each group's finite values (optionally without its first row).
-
-        A loop over contiguous slices (O(rows) in all): ``np.median`` of each is exactly
-        the per-rank value, and cheaper than sorting the whole table by (rank, value)."""
-        v = x[self.order]
-        out = np.full(self.ranks.size, np.nan)
-        skip = int(skip_first)
-        for i, (a, n) in enumerate(zip(self.starts.tolist(), self.counts.tolist(),
-                                       strict=True)):
-            part = v[a + skip:a + n]
-            part = part[np.isfinite(part)]
-            if part.size:
-                out[i] = np.median(part)
-        return out
-
-
-def _stable_order(rank: AnyArray, within: AnyArray | None) -> AnyArray:
-    """Stable order by rank (then ``within``); the identity when the rows already are."""
-    order: AnyArray
-    if rank.size < 2:
-        return np.arange(rank.size)
-    dr = np.diff(rank)
-    if within is None:
-        order = np.arange(rank.size) if bool((dr >= 0).all()) else np.argsort(
-            rank, kind="stable")
-        return order
-    if bool(((dr > 0) | ((dr == 0) & (np.diff(within) >= 0))).all()):
-        return np.arange(rank.size)
-    order = np.lexsort((within, rank))
-    return order
-
-
 def steady_mask(table: StepTable) -> AnyArray:
     """Boolean mask of steady-state rows (warm-up excluded per rank; see module doc).
 
@@ -156,14 +72,24 @@ def steady_mask(table: StepTable) -> AnyArray:
     ``WARMUP_SLOW_FACTOR`` x the median of the rest (finite values), at most
     ``WARMUP_MAX_FRAC`` of the rank's steps; ranks of two or fewer steps drop one. Never
     steady: profiled steps, steps over half stepscope's own (``tool_s``: a profiler stop).
+    Read-only; the last table's mask is reused (the sheet, rules and ledgers all ask).
     """
-    mask = np.zeros(len(table), dtype=bool)
-    if not len(table):
+    tool = table["tool_s"] if table.has_data("tool_s") else None
+    prof = table["profiled"] if table.has_data("profiled") else None
+    return _STEADY((table["rank"], table["step"], table["step_time_s"]),
+                   (len(table), tool, prof))
+
+
+def _steady_mask(rank: AnyArray, step: AnyArray, step_time: AnyArray, n_rows: int,
+                 tool: AnyArray | None, prof: AnyArray | None) -> AnyArray:
+    mask = np.zeros(n_rows, dtype=bool)
+    mask.flags.writeable = False
+    if not n_rows:
         return mask
-    g = _Groups.of(table["rank"], within=table["step"])
-    st = table["step_time_s"][g.order]
+    g = _Groups.of(rank, within=step)
+    st = step_time[g.order]
     n = g.counts
-    ref = g.medians(table["step_time_s"], skip_first=True)
+    ref = g.medians(step_time, skip_first=True)
     pos = np.arange(st.size) - np.repeat(g.starts, n)
     with np.errstate(invalid="ignore"):
         slow = np.isfinite(st) & (st > WARMUP_SLOW_FACTOR * np.repeat(ref, n))
@@ -173,10 +99,17 @@ def steady_mask(table: StepTable) -> AnyArray:
     k = np.minimum(first_fast, cap)
     k = np.where(np.isfinite(ref), k, 1)  # nothing to compare with: drop the first only
     k = np.where(n <= 2, np.minimum(n - 1, 1), k)
+    mask = np.zeros(n_rows, dtype=bool)
     mask[g.order[pos >= np.repeat(k, n)]] = True
-    tool = np.nan_to_num(table["tool_s"]) if table.has_data("tool_s") else 0.0
-    prof = (table["profiled"] == 1) if table.has_data("profiled") else np.zeros_like(mask)
-    return mask & ~prof & ~(tool > 0.5 * table["step_time_s"])
+    if tool is not None:  # a profiler stop, a gather: stepscope's time, not the run's
+        mask &= ~(np.nan_to_num(tool) > 0.5 * step_time)
+    if prof is not None:
+        mask &= ~(prof == 1)
+    mask.flags.writeable = False
+    return mask
+
+
+_STEADY = LastResult(_steady_mask)
 
 
 def headline_mask(table: StepTable, conditions: Conditions | None = None
@@ -187,11 +120,23 @@ def headline_mask(table: StepTable, conditions: Conditions | None = None
 
         mask, regimes = headline_mask(table, run.read_conditions())
         regimes.steady_regime.name      # "steps 70-149"
+
+    The last table's result is reused (same table and conditions objects): read-only.
     """
+    return _HEADLINE((table,), (conditions,))
+
+
+def _headline_mask(table: StepTable, conditions: Conditions | None
+                   ) -> tuple[AnyArray, Regimes]:
     steady = steady_mask(table)
     regimes = find_regimes(table, steady if steady.any() else np.ones(len(table), bool),
                            conditions)
-    return steady & regimes.mask(table), regimes
+    mask = steady & regimes.mask(table)
+    mask.flags.writeable = False
+    return mask, regimes
+
+
+_HEADLINE = LastResult(_headline_mask)
 
 
 def _regime_notes(regimes: Regimes) -> list[str]:
@@ -343,11 +288,13 @@ def _rank_lines(steady: StepTable) -> list[RankLine]:
 def _loss_stats(table: StepTable) -> tuple[float | None, float | None, float | None]:
     if not table.has_data("loss"):
         return None, None, None
-    loss = table["loss"][np.lexsort((table["rank"], table["step"]))]
-    finite = loss[np.isfinite(loss)]
-    if not finite.size:
+    loss, step, rank = table["loss"], table["step"], table["rank"]
+    ok = np.flatnonzero(np.isfinite(loss))  # first/last in (step, rank) order, no sort;
+    if not ok.size:  # ties keep table order, as a stable sort would
         return None, None, None
-    return float(finite[0]), float(finite[-1]), float(finite.min())
+    lo, hi = ok[step[ok] == step[ok].min()], ok[step[ok] == step[ok].max()]
+    first, last = lo[np.argmin(rank[lo])], hi[hi.size - 1 - np.argmax(rank[hi][::-1])]
+    return float(loss[first]), float(loss[last]), float(loss[ok].min())
 
 
 def _recording_notes(table: StepTable, meta: RunMeta | None) -> list[str]:
@@ -370,7 +317,7 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
     ``conditions`` (``RunDir.read_conditions()``) add evidence to the regimes.
     """
     ranks = len(table.ranks())
-    steps = int(len(np.unique(table["step"]))) if len(table) else 0
+    steps = int(len(unique_ints(table["step"]))) if len(table) else 0
     mask = steady_mask(table)
     head, regimes = headline_mask(table, conditions)
     steady = table.select(head) if head.any() else table

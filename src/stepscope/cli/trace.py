@@ -95,8 +95,15 @@ def trace_group() -> None:
 def show_cmd(paths: tuple[Path, ...], hta_compatible: bool, steps: str | None, top: int,
              as_json: bool, engine: str, scheduler: str | None) -> None:
     """Analyse PATH (trace file, directory of per-rank traces, or MindSpore directory)."""
-    report = analyze(_read(list(paths), engine, scheduler), hta_compatible=hta_compatible,
-                     steps=parse_step_range(steps, "--steps"), top=max(top, 20))
+    sel = parse_step_range(steps, "--steps")
+    if engine == "dask":  # each rank read and analysed on a worker: no table to the client
+        from ..analysis.trace.distributed import analyze_on_workers
+
+        report = analyze_on_workers([_resolve(p) for p in paths], scheduler=scheduler,
+                                    hta_compatible=hta_compatible, steps=sel, top=max(top, 20))
+    else:
+        report = analyze(_read(list(paths), engine, scheduler),
+                         hta_compatible=hta_compatible, steps=sel, top=max(top, 20))
     if as_json:
         emit_json(report.to_dict())
         return

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.series import dense_ids
+from .._fastnp import unique_ints
 from ..schema import AnyArray, StepTable
 
 __all__ = ["FleetMatrix", "fleet_matrix", "slowest_ranks", "MAX_BINS"]
@@ -60,8 +60,8 @@ class _Bins:
 
 
 def _bins(table: StepTable, max_bins: int) -> _Bins:
-    ranks, row = dense_ids(table["rank"])
-    steps, si = dense_ids(table["step"])
+    ranks, row = unique_ints(table["rank"], return_inverse=True)
+    steps, si = unique_ints(table["step"], return_inverse=True)
     nb = max(1, min(len(steps), max_bins))
     first = np.searchsorted(np.arange(len(steps)) * nb // max(1, len(steps)), np.arange(nb))
     return _Bins(ranks, row, steps[first] if len(steps) else steps,

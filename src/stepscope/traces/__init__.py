@@ -26,7 +26,8 @@ from ..errors import TraceFormatError
 from ..schema import EventTable
 from . import kineto
 
-__all__ = ["read_trace", "detect_format", "trace_files", "FORMATS"]
+__all__ = ["read_trace", "detect_format", "trace_files", "FORMATS", "expand_trace_paths",
+           "read_mindspore_dir"]
 
 FORMATS: tuple[str, ...] = ("kineto", "mindspore")
 _KINETO_SUFFIXES = (".json", ".json.gz")
@@ -120,6 +121,23 @@ def _expand(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
     return kineto_files, ms_dirs
 
 
+def expand_trace_paths(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
+    """(Kineto trace files, MindSpore directories) that ``paths`` name, as ``read_trace``
+    finds them; TraceFormatError when there are none."""
+    if not paths:
+        raise TraceFormatError("no trace path given; pass a trace file or directory")
+    kfiles, ms_dirs = _expand(paths)
+    if not kfiles and not ms_dirs:
+        raise TraceFormatError(f"{', '.join(map(str, paths))}: no trace files found; expected "
+                               "*.json / *.json.gz PyTorch profiler traces or *_ascend_ms dirs.")
+    return kfiles, ms_dirs
+
+
+def read_mindspore_dir(path: Path) -> list[EventTable]:
+    """The tables of one MindSpore profiler directory (one per rank in it)."""
+    return _read_mindspore(path)
+
+
 def _read_mindspore(path: Path) -> list[EventTable]:
     ms = _mindspore()
     if ms is None:
@@ -148,12 +166,7 @@ def read_trace(path_or_paths: str | Path | Sequence[str | Path], *,
     """
     paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) \
         else list(path_or_paths)
-    if not paths:
-        raise TraceFormatError("no trace path given; pass a trace file or directory")
-    kfiles, ms_dirs = _expand(paths)
-    if not kfiles and not ms_dirs:
-        raise TraceFormatError(f"{', '.join(map(str, paths))}: no trace files found; expected "
-                               "*.json / *.json.gz PyTorch profiler traces or *_ascend_ms dirs.")
+    kfiles, ms_dirs = expand_trace_paths(paths)
     if engine == "local" and not scheduler:
         tables = _read_kineto_files(kfiles, processes)
         for d in ms_dirs:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..._fastnp import unique_ints
 from ...schema import StepTable, eval_record
 
 __all__ = [
@@ -109,7 +110,7 @@ def _direction(name: str) -> str:
 
 def _loss_curve(table: StepTable, use_tokens: bool) -> tuple[FloatArray, FloatArray]:
     """(progress, loss) per step: mean loss over ranks; progress = cumulative tokens."""
-    steps = np.unique(table["step"])
+    steps = unique_ints(table["step"])
     pos = np.searchsorted(steps, table["step"])
     n = len(steps)
     loss_sum = np.bincount(pos, weights=np.nan_to_num(table["loss"]), minlength=n)

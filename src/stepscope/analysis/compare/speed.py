@@ -47,6 +47,7 @@ from .sample import (
     FloatArray,
     Stat,
     StepSample,
+    shared_products,
     split_half_rel,
     spread_rel,
     step_sample,
@@ -138,18 +139,28 @@ def _weights(rng: np.random.Generator, n_steps: int, n_boot: int) -> FloatArray:
     return counts.reshape(n_boot, n_steps).astype(np.float64)
 
 
-def _bootstrap(stat: Stat, s: StepSample, n_boot: int, seed: int, which: int) -> FloatArray:
-    """``n_boot`` replicates of ``stat`` over the units of ``s``, in bounded-memory chunks.
+@dataclass(frozen=True)
+class _Boot:
+    """One run's bootstrap: its blocked sample and the replicate weights, in chunks that
+    bound the floats one statistic holds at once (``CHUNK_FLOATS``)."""
 
-    Every metric of a run draws from the same stream (seed, run), so the metrics of one
-    replicate come from the same resampled units and results repeat exactly.
-    """
-    rng = np.random.default_rng([seed, which])
-    chunk = max(1, CHUNK_FLOATS // max(1, s.step_time.size))
-    parts = []
-    for lo in range(0, n_boot, chunk):
-        parts.append(stat(s, _weights(rng, s.n_steps, min(chunk, n_boot - lo))))
-    return np.concatenate(parts)
+    sample: StepSample
+    weights: list[FloatArray]
+
+    @classmethod
+    def of(cls, s: StepSample, n_boot: int, seed: int, which: int) -> _Boot:
+        """Every metric of a run draws from the same stream (seed, run): the metrics of one
+        replicate come from the same resampled units and results repeat exactly. So the
+        weights are drawn once per run, not once per metric (and the run blocked once)."""
+        b = s.blocked(MAX_BOOT_UNITS)
+        rng = np.random.default_rng([seed, which])
+        chunk = max(1, CHUNK_FLOATS // max(1, b.step_time.size))
+        return cls(b, [_weights(rng, b.n_steps, min(chunk, n_boot - lo))
+                       for lo in range(0, n_boot, chunk)])
+
+    def replicates(self, stat: Stat) -> FloatArray:
+        """``n_boot`` replicates of ``stat`` over the units of the blocked sample."""
+        return np.concatenate([stat(self.sample, w) for w in self.weights])
 
 
 def _has(s: StepSample, col: str) -> bool:
@@ -191,15 +202,15 @@ def _noise(name: str, sa: StepSample, sb: StepSample, repeats: Sequence[StepSamp
 
 
 def _metric(name: str, sa: StepSample, sb: StepSample, repeats: Sequence[StepSample],
-            n_boot: int, seed: int, min_effect_rel: float) -> SpeedMetric:
+            boots: tuple[_Boot, _Boot], min_effect_rel: float) -> SpeedMetric:
     stat = METRICS[name].stat
     a, b = _point(name, sa), _point(name, sb)
     m = SpeedMetric(name, a, b, METRICS[name].better)
     if a is None or b is None or a == 0:
         return m
     m.diff, m.diff_rel = b - a, b / a - 1.0
-    boot_a = _bootstrap(stat, sa.blocked(MAX_BOOT_UNITS), n_boot, seed, 0) * (a / _raw(sa, stat))
-    boot_b = _bootstrap(stat, sb.blocked(MAX_BOOT_UNITS), n_boot, seed, 1) * (b / _raw(sb, stat))
+    boot_a = boots[0].replicates(stat) * (a / _raw(sa, stat))
+    boot_b = boots[1].replicates(stat) * (b / _raw(sb, stat))
     ok = np.isfinite(boot_a) & np.isfinite(boot_b) & (boot_a != 0)
     tail = (1.0 - CI_LEVEL) / 2 * 100
     d = np.percentile(boot_b[ok] - boot_a[ok], [tail, 100 - tail])
@@ -271,8 +282,10 @@ def speed_ledger(table_a: StepTable, meta_a: RunMeta | None, table_b: StepTable,
     repeats = [step_sample(t, m) for t, m in baseline_repeats]
     metrics: dict[str, SpeedMetric] = {}
     if sa.n_steps and sb.n_steps:
-        for name in METRICS:
-            metrics[name] = _metric(name, sa, sb, repeats, n_boot, seed, min_effect_rel)
+        boots = (_Boot.of(sa, n_boot, seed, 0), _Boot.of(sb, n_boot, seed, 1))
+        with shared_products([w for boot in boots for w in boot.weights]):
+            for name in METRICS:
+                metrics[name] = _metric(name, sa, sb, repeats, boots, min_effect_rel)
     metrics["mem_peak_bytes"] = _memory(sa, sb)
     primary = next((p for p in _PRIMARY if p in metrics and metrics[p].diff_rel is not None),
                    None)

@@ -162,8 +162,9 @@ def rule_loss_spikes(ctx: HealthContext) -> list[Finding]:
         w = np.lib.stride_tricks.sliding_window_view(
             np.concatenate([np.full(cfg.spike_window, np.nan), x[:-1]]), cfg.spike_window)
         cnt = np.isfinite(w).sum(axis=1)
-        mean = np.where(cnt >= cfg.spike_min_periods,
-                        np.nansum(w, axis=1) / np.maximum(cnt, 1), np.nan)
+        total = np.concatenate([np.nansum(w[i:i + 8192], axis=1)  # bounded copies of w
+                                for i in range(0, len(w), 8192)]) if len(w) else cnt * 0.0
+        mean = np.where(cnt >= cfg.spike_min_periods, total / np.maximum(cnt, 1), np.nan)
         high = x >= cfg.sustained_ratio * mean
     sustained = [(a, b) for a, b in runs_of(high) if b - a + 1 > cfg.sustained_steps]
     events = runs_of(spike)

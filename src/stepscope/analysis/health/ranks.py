@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 
+from ..._fastnp import unique_ints
 from ...schema import BETWEEN_STEP_COLUMNS, AnyArray, StepTable
 from ..findings import Finding
 from ..regimes import host_took_cpu
@@ -90,8 +91,8 @@ def rule_straggler(ctx: HealthContext) -> list[Finding]:
 
 def _slow_share(t: StepTable, own: AnyArray, rank: int) -> float:
     """Share of steps on which ``rank``'s own time is above the other ranks' median."""
-    steps_u, si = np.unique(t["step"], return_inverse=True)
-    ranks_u, ri = np.unique(t["rank"], return_inverse=True)
+    steps_u, si = unique_ints(t["step"], return_inverse=True)
+    ranks_u, ri = unique_ints(t["rank"], return_inverse=True)
     grid = np.full((steps_u.size, ranks_u.size), np.nan)
     grid[si, ri] = own  # steps x ranks
     j = int(np.flatnonzero(ranks_u == rank)[0])

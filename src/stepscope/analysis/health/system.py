@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..._fastnp import unique_ints
 from ...schema import AnyArray, StepTable
 from ..findings import Finding
 from .config import HealthConfig, HealthContext
@@ -47,8 +48,10 @@ def _share(t: StepTable, col: str) -> float:
 def _worst_rank(t: StepTable, col: str) -> tuple[int | None, dict[str, float]]:
     # _share of each rank's rows, from one stable sort (rows keep table order within a
     # rank, so each sum is the same as over t.rank(r)) instead of one table copy per rank.
-    order = np.argsort(t["rank"], kind="stable")
-    ranks, starts = np.unique(t["rank"][order], return_index=True)
+    rank = t["rank"]
+    order = (np.arange(rank.size) if bool(np.all(np.diff(rank) >= 0))
+             else np.argsort(rank, kind="stable"))
+    ranks, starts = unique_ints(rank[order], return_index=True)
     bounds = np.r_[starts, len(t)].tolist()
     st, v = t["step_time_s"][order], t[col][order]
     per = {}

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._fastnp import unique_ints
 from ...schema import AnyArray
 from ..findings import Finding
 from .config import HealthContext
@@ -245,7 +246,7 @@ def _likely_cause(ctx: HealthContext) -> str:
 def rule_logging(ctx: HealthContext) -> list[Finding]:
     """Steps advance but no loss / LR / tokens recorded: metrics are not reaching stepscope."""
     t = ctx.table
-    n_steps = int(np.unique(t["step"]).size) if len(t) else 0
+    n_steps = int(unique_ints(t["step"]).size) if len(t) else 0
     if n_steps < ctx.config.logging_min_steps:
         return []
     span = (int(t["step"].min()), int(t["step"].max()))

@@ -26,12 +26,13 @@ from ...errors import ConfigError
 from ...schema import EventTable
 from ...traces.kineto import COMM_LOOKED_FOR
 from ..health.config import straggler_scores
-from .ops import OpRow, op_totals
+from .ops import OpPartial, OpRow, has_device_work, op_partial, op_rows
 from .overlap import Temporal, exact_temporal, hta_temporal, step_table, stream_busy
 from .steps import BAR_PHASES, StepRow, step_rows
 
 __all__ = ["TraceReport", "RankReport", "RankComparison", "analyze", "parse_steps",
-           "EXACT_DIFFERENCES", "NO_COMM_MESSAGE"]
+           "EXACT_DIFFERENCES", "NO_COMM_MESSAGE", "Plan", "RankPart", "table_facts",
+           "plan_analysis", "rank_part", "combine_parts"]
 
 NO_COMM_MESSAGE = f"no communication found (looked for: {COMM_LOOKED_FOR})"
 # How the default (exact) convention differs from HTA 0.5.0; printed with every report.
@@ -132,18 +133,6 @@ class TraceReport:
         }
 
 
-def _select_steps(tables: Sequence[EventTable],
-                  steps: tuple[int | None, int | None] | Collection[int] | None
-                  ) -> set[int] | None:
-    if steps is None:
-        return None
-    if isinstance(steps, tuple) and len(steps) == 2:  # a range; sets/lists are numbers
-        rng = StepRange(*steps)
-        known = {int(k) for t in tables for k in step_table(t)}
-        return {k for k in known if k in rng}
-    return {int(s) for s in steps if s is not None}
-
-
 def analyze(tables: Sequence[EventTable], hta_compatible: bool = False,
             steps: tuple[int | None, int | None] | Collection[int] | None = None,
             top: int = 20) -> TraceReport:
@@ -161,36 +150,91 @@ def analyze(tables: Sequence[EventTable], hta_compatible: bool = False,
     """
     if not tables:
         raise ConfigError("analyze() needs at least one event table (one per rank)")
-    chosen = _select_steps(tables, steps)
-    warnings: list[str] = []
-    if chosen is not None and not chosen:
-        warnings.append(f"--steps selects no ProfilerStep of this trace (has: "
-                        f"{sorted({int(k) for t in tables for k in step_table(t)})})")
-    ps_names = {n for t in tables for n in t.names if "ProfilerStep" in n}
-    ranks: dict[int, RankReport] = {}
-    for i, t in enumerate(tables):
-        rank = int(t.meta.get("rank", i))
-        if hta_compatible:
-            temporal = hta_temporal(t, filter_steps=len(ps_names) > 1)
-            if temporal is None:
-                warnings.append(f"rank {rank}: HTA's breakdown is undefined here (no GPU "
-                                "events, or no ProfilerStep on this rank); stepscope's "
-                                "exact numbers are shown instead")
-                temporal = exact_temporal(t, chosen)
+    facts = [table_facts(t) for t in tables]
+    plan = plan_analysis(facts, hta_compatible, steps)
+    device = any(has_device_work(t, plan.chosen) for t in tables)
+    parts = [rank_part(t, i, plan, device) for i, t in enumerate(tables)]
+    return combine_parts(parts, plan, device, top)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every rank's part needs to know of all ranks (computed from their facts)."""
+
+    hta_compatible: bool
+    chosen: set[int] | None  # selected ProfilerStep numbers (None: all)
+    multi_ps: bool  # the traces name more than one ProfilerStep (HTA's step filter)
+    no_step_warning: str | None
+
+
+@dataclass(frozen=True)
+class RankPart:
+    """One rank's share of a TraceReport: all a worker sends back (no event table)."""
+
+    rank: int
+    report: RankReport
+    warnings: list[str]
+    ops: OpPartial
+
+
+def table_facts(t: EventTable) -> dict[str, Any]:
+    """The little of a rank's table the plan needs: its step numbers and ProfilerStep names."""
+    return {"steps": sorted(int(k) for k in step_table(t)),
+            "ps_names": sorted({n for n in t.names if "ProfilerStep" in n})}
+
+
+def plan_analysis(facts: Sequence[dict[str, Any]], hta_compatible: bool,
+                  steps: tuple[int | None, int | None] | Collection[int] | None) -> Plan:
+    chosen: set[int] | None = None
+    known = {k for f in facts for k in f["steps"]}
+    if steps is not None:
+        if isinstance(steps, tuple) and len(steps) == 2:  # a range; sets/lists are numbers
+            rng = StepRange(*steps)
+            chosen = {k for k in known if k in rng}
         else:
+            chosen = {int(s) for s in steps if s is not None}
+    warning = (f"--steps selects no ProfilerStep of this trace (has: {sorted(known)})"
+               if chosen is not None and not chosen else None)
+    ps_names = {n for f in facts for n in f["ps_names"]}
+    return Plan(hta_compatible, chosen, len(ps_names) > 1, warning)
+
+
+def rank_part(t: EventTable, index: int, plan: Plan, device: bool) -> RankPart:
+    """One rank's report, warnings and op totals (``index``: its place among the ranks)."""
+    rank = int(t.meta.get("rank", index))
+    warnings: list[str] = []
+    chosen = plan.chosen
+    if plan.hta_compatible:
+        temporal = hta_temporal(t, filter_steps=plan.multi_ps)
+        if temporal is None:
+            warnings.append(f"rank {rank}: HTA's breakdown is undefined here (no GPU "
+                            "events, or no ProfilerStep on this rank); stepscope's "
+                            "exact numbers are shown instead")
             temporal = exact_temporal(t, chosen)
-        ranks[rank] = RankReport(rank, str(t.meta.get("path", "")), temporal,
-                                 step_rows(t, chosen), _no_comm_note(t),
-                                 stream_busy(t, chosen))
-        warnings.extend(_rank_warnings(rank, t, ranks[rank]))
-    if hta_compatible and chosen is not None:
+    else:
+        temporal = exact_temporal(t, chosen)
+    report = RankReport(rank, str(t.meta.get("path", "")), temporal, step_rows(t, chosen),
+                        _no_comm_note(t), stream_busy(t, chosen))
+    warnings.extend(_rank_warnings(rank, t, report))
+    return RankPart(rank, report, warnings, op_partial(t, chosen, device))
+
+
+def combine_parts(parts: Sequence[RankPart], plan: Plan, device: bool, top: int = 20
+                  ) -> TraceReport:
+    """The TraceReport of the ranks' parts, in rank order (what :func:`analyze` returns)."""
+    warnings = [plan.no_step_warning] if plan.no_step_warning else []
+    ranks: dict[int, RankReport] = {}
+    for p in parts:
+        ranks[p.rank] = p.report
+        warnings.extend(p.warnings)
+    if plan.hta_compatible and plan.chosen is not None:
         warnings.append("--steps applies to the per-step rows; the HTA-compatible rank "
                         "numbers use HTA's own window")
-    all_ops = op_totals(tables, chosen)
+    all_ops = op_rows([p.ops for p in parts], device)
     return TraceReport(
         ranks=ranks, top_ops=all_ops[:top], comparison=compare_ranks(ranks),
-        hta_compatible=hta_compatible,
-        conventions=[HTA_NOTE] if hta_compatible else list(EXACT_DIFFERENCES),
+        hta_compatible=plan.hta_compatible,
+        conventions=[HTA_NOTE] if plan.hta_compatible else list(EXACT_DIFFERENCES),
         warnings=warnings, all_ops=all_ops)
 
 

@@ -24,7 +24,12 @@ from numpy.typing import NDArray
 from ...schema import EVENT_KINDS, EventTable
 from .overlap import device_mask, host_compute_mask, step_table
 
-__all__ = ["OpRow", "op_totals", "top_ops", "self_times"]
+__all__ = ["OpRow", "op_totals", "top_ops", "self_times", "has_device_work", "op_partial",
+           "op_rows", "OpPartial"]
+
+# One table's ops: name -> count, total/self time, queue delays, kind and where. Small
+# (one entry per op name): what a worker sends back instead of its table.
+OpPartial = dict[str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -106,26 +111,51 @@ def _aggregate(names: list[str], name_idx: NDArray[Any], dur: NDArray[Any], self
             row["q"].append(q[np.isfinite(q)])
 
 
+def has_device_work(t: EventTable, steps: Collection[int] | None = None) -> bool:
+    """Whether ``t`` holds device work in the selected steps (then ops rank device work)."""
+    return bool(device_mask(t, steps).any())
+
+
+def op_partial(t: EventTable, steps: Collection[int] | None, device: bool) -> OpPartial:
+    """One table's part of :func:`op_totals` (``device``: any table has device work)."""
+    acc: OpPartial = {}
+    if device:
+        m = device_mask(t, steps)
+        launch = t.extra.get("launch_us")
+        queue = (t.start_us[m] - launch[m]) if launch is not None else \
+            np.full(int(m.sum()), np.nan)
+        _aggregate(t.names, t.name[m], t.dur_us[m], t.dur_us[m], t.kind[m], queue,
+                   "device", acc, _types(t))
+    else:
+        m = host_compute_mask(t)
+        if step_table(t):
+            m &= (t.step >= 0) if steps is None else np.isin(t.step, list(steps))
+        rows = np.flatnonzero(m)
+        _aggregate(t.names, t.name[rows], t.dur_us[rows], self_times(t, rows),
+                   t.kind[rows], None, "host", acc, _types(t))
+    return acc
+
+
 def op_totals(tables: Sequence[EventTable], steps: Collection[int] | None = None
               ) -> list[OpRow]:
     """All ops, aggregated over ranks, sorted by total (device) or self (host) time."""
-    acc: dict[str, dict[str, Any]] = {}
-    device = any(device_mask(t, steps).any() for t in tables)
-    for t in tables:
-        if device:
-            m = device_mask(t, steps)
-            launch = t.extra.get("launch_us")
-            queue = (t.start_us[m] - launch[m]) if launch is not None else \
-                np.full(int(m.sum()), np.nan)
-            _aggregate(t.names, t.name[m], t.dur_us[m], t.dur_us[m], t.kind[m], queue,
-                       "device", acc, _types(t))
-        else:
-            m = host_compute_mask(t)
-            if step_table(t):
-                m &= (t.step >= 0) if steps is None else np.isin(t.step, list(steps))
-            rows = np.flatnonzero(m)
-            _aggregate(t.names, t.name[rows], t.dur_us[rows], self_times(t, rows),
-                       t.kind[rows], None, "host", acc, _types(t))
+    device = any(has_device_work(t, steps) for t in tables)
+    return op_rows([op_partial(t, steps, device) for t in tables], device)
+
+
+def op_rows(parts: Sequence[OpPartial], device: bool) -> list[OpRow]:
+    """The ranking from each table's :func:`op_partial`, merged in table order (the sums
+    are the same additions, in the same order, as over the tables themselves)."""
+    acc: OpPartial = {}
+    for part in parts:
+        for name, p in part.items():
+            row = acc.setdefault(name, {"count": 0, "total": 0.0, "self": 0.0, "q": [],
+                                        "kind": p["kind"], "where": p["where"],
+                                        "type": p["type"]})
+            row["count"] += p["count"]
+            row["total"] += p["total"]
+            row["self"] += p["self"]
+            row["q"].extend(p["q"])
     key = "total" if device else "self"
     grand = sum(r[key] for r in acc.values()) or 1.0
     out = []

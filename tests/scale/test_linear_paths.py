@@ -1,0 +1,218 @@
+"""The O(rows) paths of issue 18 give what the sorting code gave, bit for bit.
+
+Oracles are the previous implementations, inline: ``np.unique``, ``np.nanmedian`` over
+every trailing window, a lexsort for per-step medians and for the first/last loss, a full
+copy per ``select``, and a bootstrap that drew and blocked each metric on its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stepscope._fastnp import is_ordered, unique_ints
+from stepscope.analysis import regimes, summary
+from stepscope.analysis.compare import speed
+from stepscope.analysis.compare.sample import CHUNK_FLOATS, METRICS, shared_products, step_sample
+from stepscope.analysis.health import stats
+from stepscope.schema import StepTable
+
+
+def _np_unique(x: np.ndarray, **kw: bool) -> tuple[np.ndarray, ...]:
+    out = np.unique(x, **kw)
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_unique_ints_equals_np_unique(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    x = [rng.integers(-50, 50, n), rng.integers(0, 10**15, n), np.tile(np.arange(40), 9)[::-1],
+         rng.integers(0, 3, n).astype(np.int32), rng.random(n)][seed % 5]
+    for kw in ({}, {"return_inverse": True}, {"return_index": True},
+               {"return_index": True, "return_inverse": True}):
+        got = unique_ints(x, **kw)
+        got = got if isinstance(got, tuple) else (got,)
+        want = _np_unique(x, **kw)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and np.array_equal(g, w)
+
+
+def test_select_takes_columns_lazily_and_equals_a_copy() -> None:
+    rng = np.random.default_rng(0)
+    n = 500
+    t = StepTable.from_columns({"rank": rng.integers(0, 4, n), "step": rng.integers(0, 90, n),
+                                "step_time_s": rng.random(n), "my_metric": rng.random(n)})
+    mask = rng.random(n) < 0.6
+    sub = t.select(mask)
+    again = sub.select(np.flatnonzero(sub["step_time_s"] > 0.3))
+    for name in t.columns:
+        want = t[name][mask]
+        assert np.array_equal(sub[name], want, equal_nan=True)
+        assert np.array_equal(again[name], t[name][mask][t["step_time_s"][mask] > 0.3],
+                              equal_nan=True)
+    assert sub["loss"].strides == (0,)  # never recorded: still one shared NaN
+    assert len(sub) == int(mask.sum()) and sub.columns == t.columns
+    with pytest.raises(IndexError):
+        t.select(mask[:-1])
+    ordered = t.sorted()
+    assert is_ordered(ordered["rank"], ordered["step"])
+    assert ordered.sorted() is ordered
+
+
+def _window_nanmedian(x: np.ndarray, window: int, min_periods: int) -> np.ndarray:
+    w = stats._windows(x, window)
+    out = np.full(x.shape, np.nan)
+    ok = np.isfinite(w).sum(axis=1) >= min_periods
+    if ok.any():
+        out[ok] = np.nanmedian(w[ok], axis=1)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_trailing_windows_equal_nanmedian_of_every_window(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 1, int(rng.integers(1, 2000)) if seed % 4 else 20_000)  # > a chunk
+    if seed % 2:
+        x[rng.random(x.size) < 0.05] = np.nan
+    window, min_periods = [(16, 8), (128, 32), (64, 64)][seed % 3]
+    assert np.array_equal(stats.trailing_median(x, window, min_periods),
+                          _window_nanmedian(x, window, min_periods), equal_nan=True)
+    w = stats._windows(x, window)
+    count = np.isfinite(w).sum(axis=1)
+    ok = (count >= min_periods) & np.isfinite(x)
+    z = np.full(x.shape, np.nan)
+    if ok.any():
+        med = np.nanmedian(w[ok], axis=1)
+        mad = np.nanmedian(np.abs(w[ok] - med[:, None]), axis=1)
+        scale = np.maximum(stats.MAD_TO_SIGMA * mad, 0.01 * np.abs(med))
+        z[ok] = (x[ok] - med) / np.where(scale > 0, scale, np.finfo(float).tiny)
+    assert np.array_equal(stats.trailing_robust_z(x, window, min_periods), z, equal_nan=True)
+    y = rng.normal(0, 1, x.size)
+    assert np.array_equal(stats._ranks(y), np.argsort(np.argsort(y)).astype(float))
+
+
+def _median_by_lexsort(v: np.ndarray, inv: np.ndarray, n: int) -> np.ndarray:
+    out = np.full(n, np.nan)
+    ok = np.isfinite(v)
+    g, x = inv[ok], v[ok]
+    order = np.lexsort((x, g))
+    g, x = g[order], x[order]
+    counts = np.bincount(g, minlength=n)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    has = counts > 0
+    out[has] = (x[starts[has] + (counts[has] - 1) // 2] + x[starts[has] + counts[has] // 2]) / 2
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_per_step_medians_on_the_grid_equal_the_lexsort(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ranks, steps = int(rng.integers(1, 30)), int(rng.integers(1, 200))
+    rank = np.repeat(np.arange(ranks), steps)
+    step = np.tile(np.arange(steps), ranks)
+    keep = rng.random(rank.size) < (0.7 if seed % 2 else 1.0)  # ranks missing steps
+    rank, step = rank[keep], step[keep]
+    v = np.round(rng.normal(1, 0.2, rank.size), 2)  # ties
+    v[rng.random(v.size) < 0.1] = np.nan
+    uniq, inv = unique_ints(step, return_inverse=True)
+    slot = unique_ints(rank, return_inverse=True)[1]
+    want = _median_by_lexsort(v, inv, uniq.size)
+    assert np.array_equal(regimes._median_by(v, inv, uniq.size, slot), want, equal_nan=True)
+    assert np.array_equal(regimes._median_by(v, inv, uniq.size), want, equal_nan=True)
+    dup = np.r_[slot[:-1], slot[0]] if slot.size > 1 else slot  # a repeated cell: the sort
+    assert np.array_equal(regimes._median_by(v, inv, uniq.size, dup), want, equal_nan=True)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_first_and_last_loss_equal_the_step_rank_sort(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    t = StepTable.from_columns({
+        "rank": rng.integers(0, 4, n), "step": rng.integers(0, 20, n),
+        "loss": np.where(rng.random(n) < 0.3, np.nan, rng.normal(3, 1, n))})
+    order = np.lexsort((t["rank"], t["step"]))
+    finite = t["loss"][order][np.isfinite(t["loss"][order])]
+    want = ((float(finite[0]), float(finite[-1]), float(finite.min())) if finite.size
+            else (None, None, None))
+    assert summary._loss_stats(t) == want
+
+
+def _old_metric_boot(name: str, s, n_boot: int, seed: int, which: int) -> np.ndarray:
+    """Before: each metric blocked the run and drew its weights again, chunk by chunk."""
+    stat = METRICS[name].stat
+    b = s.blocked(speed.MAX_BOOT_UNITS)
+    rng = np.random.default_rng([seed, which])
+    chunk = max(1, CHUNK_FLOATS // max(1, b.step_time.size))
+    return np.concatenate([stat(b, speed._weights(rng, b.n_steps, min(chunk, n_boot - lo)))
+                           for lo in range(0, n_boot, chunk)])
+
+
+def _run(seed: int, ranks: int, steps: int) -> StepTable:
+    rng = np.random.default_rng(seed)
+    rank = np.repeat(np.arange(ranks), steps)
+    step = np.tile(np.arange(steps), ranks)
+    st = rng.gamma(50, 0.02, rank.size)
+    return StepTable.from_columns({
+        "rank": rank, "step": step, "step_time_s": st, "tokens": np.full(rank.size, 4096.0),
+        "samples": np.full(rank.size, 8.0), "data_wait_s": st * 0.02,
+        "comm_exposed_s": st * rng.uniform(0.01, 0.05, rank.size)})
+
+
+@pytest.mark.parametrize("ranks,steps", [(4, 300), (64, 1500), (300, 40)])
+def test_bootstrap_drawn_once_per_run_equals_one_draw_per_metric(ranks: int, steps: int
+                                                                 ) -> None:
+    ta, tb = _run(1, ranks, steps), _run(2, ranks, steps)
+    sa, sb = step_sample(ta), step_sample(tb)
+    boots = (speed._Boot.of(sa, 200, 7, 0), speed._Boot.of(sb, 200, 7, 1))
+
+    with shared_products([w for b in boots for w in b.weights]):
+        for name in METRICS:
+            for boot, s, which in ((boots[0], sa, 0), (boots[1], sb, 1)):
+                assert np.array_equal(boot.replicates(METRICS[name].stat),
+                                      _old_metric_boot(name, s, 200, 7, which), equal_nan=True)
+    ledger = speed.speed_ledger(ta, None, tb, None, seed=7, n_boot=200)
+    assert ledger.metrics["tokens_per_s"].ci_rel is not None
+
+
+def _old_thinned(s):  # the lexsort of every row, as before
+    import dataclasses
+
+    from stepscope.analysis.compare import sample
+    n_units = s.n_steps
+    if s.rows_sorted.size <= sample._EXACT_MEDIAN_ROWS or not n_units:
+        return s
+    k = max(1, sample._EXACT_MEDIAN_ROWS // n_units)
+    order = np.lexsort((s.rows_sorted, s.rows_unit))
+    count = np.bincount(s.rows_unit, minlength=n_units)
+    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    has = np.flatnonzero(count)
+    pos = start[has, None] + ((np.arange(k) + 0.5) * count[has, None] / k).astype(np.int64)
+    vals = s.rows_sorted[order][pos].ravel()
+    units = np.repeat(has, k)
+    weight = np.repeat(count[has] / k, k).astype(np.float64)
+    by_value = np.argsort(vals, kind="stable")
+    return dataclasses.replace(s, rows_sorted=vals[by_value], rows_unit=units[by_value],
+                               rows_weight=weight[by_value])
+
+
+@pytest.mark.parametrize("ranks,steps,units", [(300, 400, 1000), (64, 1500, 1000),
+                                               (200, 300, 7)])
+def test_thinned_rows_equal_the_lexsort_of_every_row(ranks: int, steps: int, units: int
+                                                     ) -> None:
+    t = _run(3, ranks, steps)
+    st = t["step_time_s"].copy()
+    st[::7] = np.round(st[::7], 1)  # ties between values
+    s = step_sample(StepTable.from_columns({**{c: t[c] for c in t.columns
+                                               if t[c].strides != (0,)}, "step_time_s": st}))
+    import dataclasses
+    length = -(-s.n_steps // units) if s.n_steps > units else 1
+    got = s.blocked(units)
+    base = s if length == 1 else dataclasses.replace(
+        s, rows_unit=(np.arange(s.n_steps) // length)[s.rows_unit],
+        step_time=got.step_time, tokens=got.tokens, samples=got.samples,
+        data_wait=got.data_wait, comm_exposed=got.comm_exposed, present=got.present)
+    want = _old_thinned(base)
+    for name in ("rows_sorted", "rows_unit", "rows_weight"):
+        assert np.array_equal(getattr(got, name), getattr(want, name))
