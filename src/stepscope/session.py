@@ -45,6 +45,7 @@ from .crossrank import (
 )
 from .losscheck import LossWatch
 from .recorder import Recorder, timed_iter
+from .schema import BETWEEN_STEP_COLUMNS
 
 __all__ = ["StepSession", "Capture", "CROSS_RANK_NAMES", "CrossVector", "Exchange", "MemProbe"]
 
@@ -122,6 +123,7 @@ class StepSession:
         self._loader_wait = 0.0
         self._tool_s, self._tool_t0 = 0.0, _NAN  # own time since the last row, and its start
         self._prev_end = clock()
+        self._between: dict[str, float] = {}  # eval_s / checkpoint_s since the last row
         self.in_step = False
         self._start = self._mark = 0.0
         self._phases: dict[str, float] = {}
@@ -278,21 +280,39 @@ class StepSession:
         """Data wait of the next step counts from now (e.g. a new epoch begins)."""
         self._prev_end = self.clock()
 
+    def between_steps(self, column: str, seconds: float) -> None:
+        """Work since the last step that is neither data wait nor training (an evaluation,
+        a checkpoint save; ``column`` is ``eval_s`` or ``checkpoint_s``), measured by the
+        caller: booked on the next step's ``column`` and left out of its data wait and
+        span (a callback's data wait is otherwise all the time since the last step)."""
+        if column in BETWEEN_STEP_COLUMNS and math.isfinite(seconds) and seconds > 0:
+            self._between[column] = self._between.get(column, 0.0) + seconds
+
     def begin(self, wait_s: float | None = None) -> None:
         """Open a step now. Its data wait is ``wait_s`` when given (e.g. time blocked in
-        the loader), else the time since the previous step ended (a callback's view)."""
+        the loader), else the time since the previous step ended (a callback's view),
+        less what :meth:`between_steps` booked."""
         if self.in_step:
             return
         self._sync_now = self.sync is not None and self.step % self.sync_every == 0
         if self._sync_now and self.step == 0:
             self._safe_sync()  # later synced steps were drained by the step before
         now = self.clock()
-        wait = now - self._prev_end if wait_s is None else wait_s
+        between, self._between = self._between, {}
+        if wait_s is None:
+            wait = now - self._prev_end
+            taken = min(sum(between.values()), wait)
+            wait -= taken
+            # (never more than the gap: a longer report is scaled to what fits in it)
+            scale = taken / sum(between.values()) if between else 1.0
+            between = {k: v * scale for k, v in between.items()}
+        else:
+            wait = wait_s
         self._loader_wait = 0.0
         self._start = now - wait
         self._phases = {"data_wait": wait}
         self._tokens = self._samples = _NAN
-        self._values = {}
+        self._values = dict(between)
         self.in_step = True
         if self.capture is not None:
             self.capture.before_step(self.step)  # may start the profiler: own time, in

@@ -94,6 +94,30 @@ def test_callback_events_become_one_exact_row_per_step(tmp_path: Path) -> None:
     ]
 
 
+def test_work_between_steps_is_its_column_not_data_wait(tmp_path: Path) -> None:
+    clk = FakeClock()
+    s = _session(tmp_path, clk)
+    for k in range(3):
+        clk.tick(0.5)  # the fetch
+        if k == 1:
+            clk.tick(2.0)  # an evaluation the framework timed itself
+            s.between_steps("eval_s", 2.0)
+        if k == 2:
+            clk.tick(0.25)  # a save reported longer than the gap it took: scaled to fit
+            s.between_steps("checkpoint_s", 1.0)
+            s.between_steps("not_a_column", 9.0)  # ignored
+        s.begin()
+        clk.tick(0.25)
+        s.end(loss=1.0)
+    s.close()
+    rows = _rows(tmp_path, "step_time_s", "data_wait_s", "eval_s", "checkpoint_s")
+    assert [{k: v for k, v in r.items() if v == v} for r in rows] == [  # NaN: not booked
+        {"step_time_s": 0.75, "data_wait_s": 0.5},
+        {"step_time_s": 0.75, "data_wait_s": 0.5, "eval_s": 2.0},  # the 2 s left out
+        {"step_time_s": 0.25, "data_wait_s": 0.0, "checkpoint_s": 0.75},
+    ]
+
+
 def test_measured_steps_are_recorded_as_given(tmp_path: Path) -> None:
     clk = FakeClock()
     s = _session(tmp_path, clk)

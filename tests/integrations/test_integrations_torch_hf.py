@@ -165,3 +165,35 @@ def test_two_train_calls_one_run_hooks_once_and_removed(tmp_path):
     assert evals == [(5, {"eval_loss": in_train[0]}),
                      (5, {"eval_loss": evaluated["eval_loss"]})]
     assert RunDir(run_dir).read_meta().status == "finished"
+
+
+@pytest.mark.xdist_group("hf")
+def test_evaluation_between_steps_is_eval_time_not_data_wait(tmp_path):
+    """An evaluation in the middle of training (eval_steps=2) is the next step's eval_s:
+    the Trainer's own eval_runtime, taken out of that step's data wait and span (issue 13:
+    eval time is not data wait)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128, n_positions=64,
+                     bos_token_id=0, eos_token_id=0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "hf-out"), per_device_train_batch_size=4,
+        per_device_eval_batch_size=4, max_steps=4, logging_steps=1, eval_strategy="steps",
+        eval_steps=2, report_to=[], save_strategy="no", use_cpu=True, learning_rate=1e-3,
+        seed=3, disable_tqdm=True, dataloader_num_workers=0)
+    run_dir = tmp_path / "run"
+    trainer = Trainer(model=GPT2LMHeadModel(cfg), args=args, train_dataset=_Tokens(),
+                      eval_dataset=_Tokens(), callbacks=[StepscopeCallback(run_dir)])
+    trainer.train()
+
+    table, _ = RunDir(run_dir).read_steps()
+    assert table["step"].tolist() == [0, 1, 2, 3]
+    [runtime] = [h["eval_runtime"] for h in trainer.state.log_history
+                 if "eval_runtime" in h and h["step"] == 2]
+    eval_s, wait = table["eval_s"], table["data_wait_s"]
+    assert eval_s[2] == pytest.approx(runtime, rel=1e-9)  # 16 eval batches, not a fetch
+    assert wait[2] < runtime, (wait.tolist(), runtime)
+    assert np.nan_to_num(eval_s[[0, 1, 3]]).tolist() == [0.0, 0.0, 0.0]
+    gap = table["end_s"][2] - table["end_s"][1]
+    assert table["step_time_s"][2] < gap - 0.9 * runtime  # not in the step's span either

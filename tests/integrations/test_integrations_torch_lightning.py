@@ -122,3 +122,53 @@ def test_two_fits_one_run_steps_numbered_on_val_loss_recorded(tmp_path):
     assert evals == [(4, {"val_loss": val[0]}), (8, {"val_loss": val[1]})]  # no sanity
     assert (len(torch.nn.modules.module._global_forward_pre_hooks),
             len(torch.nn.modules.module._global_forward_hooks)) == hooks_before
+
+
+class _SlowValLM(_TinyLM):
+    """Validation that takes a known time (a sleep per batch, timed by the module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.val_s: list[float] = []
+        self._t0 = 0.0
+
+    def on_validation_epoch_start(self) -> None:
+        import time
+        self._t0 = time.perf_counter()
+
+    def validation_step(self, batch, batch_idx):
+        import time
+        time.sleep(0.05)
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x).reshape(-1, VOCAB), y.reshape(-1))
+
+    def on_validation_epoch_end(self) -> None:
+        import time
+        self.val_s.append(time.perf_counter() - self._t0)
+
+
+@pytest.mark.xdist_group("lightning")
+def test_validation_between_steps_is_eval_time_not_data_wait(tmp_path):
+    """A validation after step 2 (val_check_interval=2) is step 2's eval_s and not its data
+    wait (issue 13); the sanity check before training is no step's."""
+    pl.seed_everything(5, verbose=False)
+    data = torch.randint(0, VOCAB, (32, SEQ + 1))
+    ds = torch.utils.data.TensorDataset(data[:, :-1], data[:, 1:])
+    loader = torch.utils.data.DataLoader(ds, batch_size=4)
+    val = torch.utils.data.DataLoader(ds, batch_size=8)  # 4 batches: >= 0.2 s
+    model = _SlowValLM()
+    run_dir = tmp_path / "run"
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=4, val_check_interval=2,
+                         num_sanity_val_steps=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[StepscopeCallback(run_dir)])
+    trainer.fit(model, loader, val)
+
+    table, _ = RunDir(run_dir).read_steps()
+    assert table["step"].tolist() == [0, 1, 2, 3]
+    sanity, after_2 = model.val_s[0], model.val_s[1]
+    eval_s, wait = np.nan_to_num(table["eval_s"]), table["data_wait_s"]
+    assert 0.9 * after_2 < eval_s[2] < after_2 + 0.05, (eval_s.tolist(), model.val_s)
+    assert wait[2] < 0.5 * after_2, (wait.tolist(), model.val_s)
+    assert eval_s[[0, 1, 3]].tolist() == [0.0, 0.0, 0.0]  # the sanity check is no step's
+    assert sanity > 0

@@ -13,7 +13,8 @@ What each column is made of (Trainer callbacks see events, not the loop):
 
 * ``step_time_s``: previous ``on_step_end`` to this one;
 * ``data_wait_s``: previous ``on_step_end`` to ``on_step_begin`` (the Trainer fetches the
-  step's micro-batches there; also logging/saving/evaluation of the previous step);
+  step's micro-batches there; also logging/saving of the previous step), less an
+  evaluation's own ``eval_runtime``, which is the next step's ``eval_s``;
 * ``forward_s``: model forward calls (module hooks on the model); ``backward_s``: from each
   forward's end to the next forward or to ``on_pre_optimizer_step``;
   ``optimizer_s``: ``on_pre_optimizer_step`` to ``on_optimizer_step``;
@@ -222,6 +223,14 @@ class StepscopeCallback(TrainerCallback):
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None,
                     **kwargs: Any) -> None:
+        pc = self.pc
+        try:  # the Trainer timed its evaluation loop: not the next step's data wait
+            if pc is not None and not pc.in_step and metrics:
+                seconds = next((float(v) for k, v in metrics.items()
+                                if k.endswith("_runtime")), 0.0)
+                pc.between_steps("eval_s", seconds)
+        except Exception:
+            pass
         run = self._run
         if run is None or not getattr(state, "is_world_process_zero", True):
             return

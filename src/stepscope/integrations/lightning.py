@@ -64,6 +64,7 @@ class StepscopeCallback(Callback):
         self.losses = Losses()
         self._last_global_step = 0
         self._t_batch_end: float | None = None
+        self._t_val: float | None = None  # on_validation_start's clock
         self._lr: float | None = None
         self._norm: float | None = None
         self._run: RunDir | None = None  # the last session's run (validations after it)
@@ -78,6 +79,7 @@ class StepscopeCallback(Callback):
         self._close("failed", "fit ended without on_train_end")
         self.losses.take()
         self._t_batch_end = None
+        self._t_val = None
         self._lr = self._norm = None
         opt = trainer.optimizers[0] if trainer.optimizers else None
         seed = os.environ.get("PL_GLOBAL_SEED")
@@ -140,7 +142,17 @@ class StepscopeCallback(Callback):
         else:
             self._t_batch_end = pc.clock()
 
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._t_val = self.pc.clock() if self.pc is not None else None
+
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        pc, t0 = self.pc, self._t_val
+        try:  # validation between steps: the next step's eval_s, not its data wait
+            if pc is not None and t0 is not None and not pc.in_step:
+                pc.between_steps("eval_s", pc.clock() - t0)
+        except Exception:
+            pass
+        self._t_val = None
         run = self._run
         if run is None or int(getattr(trainer, "global_rank", 0)) != 0:
             return
