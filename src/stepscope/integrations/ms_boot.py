@@ -14,14 +14,10 @@ Example::
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
-import types
-from collections.abc import Sequence
 
+from ._afterimport import AfterImport
 from .torch.settings import Settings
 
 __all__ = ["bootstrap"]
@@ -37,38 +33,6 @@ def _install(settings: Settings) -> None:
                          f"{type(exc).__name__}: {exc}\n")
 
 
-class _MindSporeImportHook(importlib.abc.MetaPathFinder):
-    """Runs :func:`_install` right after ``import mindspore`` finishes."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._busy = False
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "mindspore" or self._busy:
-            return None
-        self._busy = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None:
-            return None
-        loader = spec.loader
-        orig_exec = loader.exec_module
-        settings = self.settings
-
-        def exec_module(module: types.ModuleType) -> None:
-            orig_exec(module)
-            sys.meta_path[:] = [f for f in sys.meta_path
-                                if not isinstance(f, _MindSporeImportHook)]
-            _install(settings)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 def bootstrap() -> None:
     """Entry point of the ``sitecustomize`` that ``stepscope run`` puts on PYTHONPATH."""
     settings = Settings.from_env()
@@ -79,4 +43,4 @@ def bootstrap() -> None:
     if "mindspore" in sys.modules:
         _install(settings)
         return
-    sys.meta_path.insert(0, _MindSporeImportHook(settings))
+    sys.meta_path.insert(0, AfterImport("mindspore", lambda: _install(settings)))

@@ -57,15 +57,11 @@ Example (what the bootstrap does)::
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
-import types
-from collections.abc import Sequence
 from typing import Any
 
+from .._afterimport import AfterImport
 from .settings import ENV_PREFIX, Settings, parse_steps
 
 __all__ = ["Settings", "bootstrap", "install", "active", "parse_steps", "ENV_PREFIX"]
@@ -93,46 +89,12 @@ def install(settings: Settings) -> Any:
     return _STATE
 
 
-class _TorchImportHook(importlib.abc.MetaPathFinder):
-    """Runs :func:`install` right after ``import torch`` finishes (a post-import hook).
-
-    Installing eagerly would import torch into every Python process of the job, including
-    launchers and MindSpore scripts; this waits until the script itself imports torch.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._busy = False
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "torch" or self._busy:
-            return None
-        self._busy = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None:
-            return None
-        loader = spec.loader
-        orig_exec = loader.exec_module
-        settings = self.settings
-
-        def exec_module(module: types.ModuleType) -> None:
-            orig_exec(module)
-            _remove_finder()
-            try:
-                install(settings)
-            except Exception as exc:  # never break the user's import
-                _warn(f"instrumentation not installed: {type(exc).__name__}: {exc}")
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-def _remove_finder() -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchImportHook)]
+def _install_quietly(settings: Settings) -> None:
+    """:func:`install` from the post-import hook: never break the user's ``import torch``."""
+    try:
+        install(settings)
+    except Exception as exc:
+        _warn(f"instrumentation not installed: {type(exc).__name__}: {exc}")
 
 
 def _warn(message: str) -> None:
@@ -150,5 +112,7 @@ def bootstrap() -> None:
     if "torch" in sys.modules:
         install(settings)
         return
-    sys.meta_path.insert(0, _TorchImportHook(settings))
+    # Installing eagerly would import torch into every Python process of the job (launchers,
+    # MindSpore scripts): wait until the script itself imports torch.
+    sys.meta_path.insert(0, AfterImport("torch", lambda: _install_quietly(settings)))
 
