@@ -5,14 +5,11 @@ nothing and a noisy healthy run fire nothing. A real CPU hog beside a real run f
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ import pytest
 from stepscope.alerts.config import RulesConfig
 from stepscope.alerts.rules import LiveRules
 from stepscope.store import RunDir
+from support.procs import cpu_hogs
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 QUIET = {"main_oncpu_frac": 0.97, "main_runq_frac": 0.01, "cpu_mhz": 2400.0}
@@ -98,22 +96,6 @@ def test_disabled_environment_rules_stay_quiet() -> None:
 
 
 CPU = 0  # the run and the hogs share this CPU, whatever else the host runs
-HOG = f"import os\nos.sched_setaffinity(0, {{{CPU}}})\nwhile True: pass"
-
-
-@contextlib.contextmanager
-def _hogs(n: int) -> Iterator[None]:
-    procs = [subprocess.Popen(["timeout", "120", sys.executable, "-c", HOG],
-                              start_new_session=True) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=10)
-
-
 def _rows(run: Path) -> int:
     path = run / "steps" / "rank-00000.jsonl"
     return path.read_bytes().count(b"\n") if path.exists() else 0
@@ -142,7 +124,7 @@ def test_a_real_cpu_hog_beside_a_real_run_fires_host_contended(tmp_path: Path) -
             assert trainer.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         hog_from = _rows(run)
-        with _hogs(4):  # the run gets at most a fifth of its CPU
+        with cpu_hogs(4, CPU, limit_s=120):  # the run gets at most a fifth of its CPU
             while not [a for a in _alerts(run) if a["rule"] == "contention"]:
                 assert trainer.poll() is None and time.monotonic() < deadline, _alerts(run)
                 time.sleep(0.2)

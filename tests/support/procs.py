@@ -7,12 +7,14 @@ found through /proc) instead of hanging CI or leaving processes behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "reliability" / "scripts"
@@ -115,3 +117,20 @@ def stepscope(*args: str, timeout: float = 120, env: dict[str, str] | None = Non
 def no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
     text = proc.stdout + proc.stderr
     assert "Traceback (most recent call last)" not in text, text
+
+
+@contextlib.contextmanager
+def cpu_hogs(n: int, cpu: int = 0, limit_s: int = 180) -> Iterator[None]:
+    """``n`` busy-loop processes pinned to CPU ``cpu`` (the one the measured run is pinned
+    to, so they contend with it whatever else the host runs); each is bounded by
+    ``timeout limit_s`` and SIGKILLed, with its session, on exit."""
+    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    procs = [subprocess.Popen(["timeout", str(limit_s), sys.executable, "-c", code],
+                              start_new_session=True) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)

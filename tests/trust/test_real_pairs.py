@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +23,12 @@ import orjson
 import pytest
 
 from stepscope.cli import main
+from support.procs import cpu_hogs
 
 LOOP = Path(__file__).with_name("loop.py")
 CPU = 0  # runs and hogs share this CPU, so a hog contends whatever else the host runs
-HOG = f"import os\nos.sched_setaffinity(0, {{{CPU}}})\nwhile True: pass"
 N_HOGS = 5  # the run gets at most a sixth of its CPU, whatever else the host runs
-HOG_LIMIT_S = "180"  # `timeout` bound on each hog's life
+HOG_LIMIT_S = 180  # `timeout` bound on each hog's life
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
                                 reason="needs Linux CPU affinity")
@@ -42,17 +40,8 @@ def run_loop(out: Path, steps: int, work: int = 1) -> None:
     subprocess.run(cmd, check=True, timeout=240, capture_output=True)
 
 
-@contextlib.contextmanager
-def hogs(n: int = N_HOGS) -> Iterator[None]:
-    procs = [subprocess.Popen(["timeout", HOG_LIMIT_S, sys.executable, "-c", HOG],
-                              start_new_session=True) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=10)
+def hogs(n: int = N_HOGS) -> contextlib.AbstractContextManager[None]:
+    return cpu_hogs(n, CPU, HOG_LIMIT_S)
 
 
 def cli_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
