@@ -119,11 +119,21 @@ def _load_segments(cache_dir: Path, m: _Manifest) -> Block | None:
     return concat_blocks(blocks)
 
 
-def _save_array(path: Path, arr: np.ndarray[Any, Any]) -> None:
+def _replace_from_tmp(path: Path, write: Any) -> None:
+    """``write(f)`` into a temporary file beside ``path``, then move it into place; on any
+    failure (a full disk mid-write) the temporary file is removed, never left behind."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, arr, allow_pickle=False)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _save_array(path: Path, arr: np.ndarray[Any, Any]) -> None:
+    _replace_from_tmp(path, lambda f: np.save(f, arr, allow_pickle=False))
 
 
 def _write_segment(cache_dir: Path, source: Path, block: Block) -> dict[str, Any]:
@@ -135,15 +145,17 @@ def _write_segment(cache_dir: Path, source: Path, block: Block) -> dict[str, Any
     if block.flags:
         flags = f"{source.name}.{seg_id}.nan.npy"
         zeros = np.zeros(block.n, dtype=bool)
-        _save_array(cache_dir / flags, np.stack([block.flags.get(c, zeros) for c in cols]))
+        try:
+            _save_array(cache_dir / flags, np.stack([block.flags.get(c, zeros) for c in cols]))
+        except OSError:
+            (cache_dir / name).unlink(missing_ok=True)
+            raise
     return {"file": name, "flags": flags, "rows": block.n, "columns": cols}
 
 
 def _write_manifest(cache_dir: Path, source: Path, m: _Manifest) -> None:
-    path = _manifest_path(cache_dir, source)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(orjson.dumps({"format": CACHE_FORMAT, **m.__dict__}))
-    os.replace(tmp, path)
+    data = orjson.dumps({"format": CACHE_FORMAT, **m.__dict__})
+    _replace_from_tmp(_manifest_path(cache_dir, source), lambda f: f.write(data))
 
 
 def _prune(cache_dir: Path, source: Path, m: _Manifest) -> None:
@@ -172,11 +184,19 @@ def _update(cache_dir: Path, source: Path, old: _Manifest | None, st: os.stat_re
         segs = list(old.segments) if old is not None and prefix is not None else []
         if prefix is not None and len(segs) >= _MAX_SEGMENTS:
             segs, body = [], concat_blocks([prefix, body])
+        new = None
         if body.n or not segs:
-            segs.append(_write_segment(cache_dir, source, body))
+            new = _write_segment(cache_dir, source, body)
+            segs.append(new)
         m = _Manifest(ino=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns, end=body_end,
                       lines=data_lines, check=check, segments=segs, stats=stats.to_dict())
-        _write_manifest(cache_dir, source, m)
+        try:
+            _write_manifest(cache_dir, source, m)
+        except OSError:
+            for f in (new["file"], new["flags"]) if new is not None else ():
+                if f:  # the segment just written is named by no manifest: not left behind
+                    (cache_dir / f).unlink(missing_ok=True)
+            raise
         if old is None or prefix is None or not old.segments or len(segs) == 1:
             _prune(cache_dir, source, m)
     except OSError:
