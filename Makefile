@@ -19,6 +19,12 @@ $(TEST_VENV)/.done: pyproject.toml
 	$(PY) -m venv $(TEST_VENV)
 	$(TEST_VENV)/bin/pip install -q --upgrade pip
 	$(TEST_VENV)/bin/pip install -q "$(TORCH_PIN)" "numpy<2" -e ".[torch,mindspore,hf,lightning,export,dask,alerts,dev]"
+	# DeepSpeed is an sdist whose setup imports torch: built against the torch just installed
+	# (no build isolation), no C++ ops compiled (DS_BUILD_OPS=0; ZeRO on the CPU needs none).
+	# Measured: 7 s after torch. setuptools is named because Python 3.12's venv has none. The
+	# range is pyproject's `deepspeed` extra (tests/thirdparty/test_deepspeed_style.py).
+	$(TEST_VENV)/bin/pip install -q setuptools
+	DS_BUILD_OPS=0 $(TEST_VENV)/bin/pip install -q --no-build-isolation "deepspeed>=0.14"
 	touch $@
 
 demo: $(DEMO_VENV)/.done
