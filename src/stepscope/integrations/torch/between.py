@@ -16,6 +16,14 @@ in eval mode, of a module sharing its first parameter with a module that was tra
 a no-grad forward belongs to the step). Before the first training forward, the trained
 model is not known yet: such forwards are held and then told apart into evaluation,
 probes and step 0's own work (:mod:`.firststep`). A checkpoint: a ``torch.save`` call.
+
+Not every no-grad forward between steps is evaluation, though: forwards of the trained
+model with no loss and no framework evaluation loop around them, before each of
+:data:`RECUR` steps in a row (an RL rollout, a probe or sampling on every step), are the
+loop's own work. From the step that completes such a run on, :func:`settle` gives their
+time back to the step when its first training forward starts; run.json
+``config.between_steps`` says from which step. A loss (or a framework) makes them
+evaluation again, and a step without them resets the count.
 """
 
 from __future__ import annotations
@@ -23,10 +31,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["COLUMNS", "book", "trained", "is_eval_forward"]
+__all__ = ["COLUMNS", "RECUR", "book", "attach", "settle", "trained", "is_eval_forward"]
 
 # kind -> step-table column (schema.py describes both)
 COLUMNS = {"eval": "eval_s", "checkpoint": "checkpoint_s"}
+# steps in a row with lossless forwards between them: from then on, the step's own work
+RECUR = 3
+RECUR_NOTE = ("no-grad forwards of the trained model with no loss and no framework "
+              f"evaluation ran before each of {RECUR} steps in a row (a rollout, probe or "
+              "sample every step): from this step on they count in the step, not as eval")
 
 
 def trained(d: Any) -> bool:
@@ -45,6 +58,9 @@ def book(d: Any, kind: str, t_end: float) -> bool:
     col = COLUMNS[kind]
     # stepscope's own time after the previous boundary sits inside the span: not eval
     span = max(0.0, t_end - d.t_start - d.tool)
+    # what this booking takes from the step, in case :func:`settle` gives it back
+    d.booked.append([kind, span, d.tool, d.data_wait, d.loader_batches, d.loader_tokens,
+                     d.loader_samples, None])
     d.extra[col] = d.extra.get(col, 0.0) + span
     d.t_start = t_end
     d.tool = 0.0
@@ -54,6 +70,43 @@ def book(d: Any, kind: str, t_end: float) -> bool:
     d.loader_tokens = 0.0
     d.loader_samples = 0.0
     return True
+
+
+def attach(d: Any, entry: list[Any] | None) -> None:
+    """The last booking's evaluation-loss entry (:mod:`.evalloss`; its loss may be set
+    later, by a loss module called right after the forward)."""
+    if d.booked:
+        d.booked[-1][7] = entry
+
+
+def settle(st: Any) -> None:
+    """The open step's first training forward starts: count its lossless between-steps
+    forwards, and once they recur (module docstring) give their time back to the step.
+
+    ``st`` is the zero-code state: ``cur`` (the open step), ``evals`` (the collector;
+    ``framework`` set means a framework reports evaluations), ``lossless_run``, ``config``.
+    """
+    d = st.cur
+    segs, d.booked = d.booked, []
+    lossless = [s for s in segs if s[0] == "eval" and not st.evals.framework
+                and s[7] is not None and s[7][0] is None]
+    st.lossless_run = st.lossless_run + 1 if lossless else 0
+    if st.lossless_run < RECUR:
+        return
+    for _kind, span, tool, wait, batches, tokens, samples, entry in lossless:
+        d.t_start -= span + tool
+        d.tool += tool
+        d.data_wait += wait
+        d.loader_batches += batches
+        d.loader_tokens += tokens
+        d.loader_samples += samples
+        st.evals.drop(entry)
+    kept = [s[1] for s in segs if s[0] == "eval" and not any(s is x for x in lossless)]
+    if kept:
+        d.extra["eval_s"] = sum(kept)
+    else:
+        d.extra.pop("eval_s", None)
+    st.config.setdefault("between_steps", {"from_step": st.step_index, "note": RECUR_NOTE})
 
 
 def first_param_id(module: Any) -> int | None:

@@ -102,7 +102,8 @@ def eval_end(st: Any, output: Any) -> None:
             return
         on_between(st, "eval")
         if not between.trained(st.cur):  # between steps: its loss is the evaluation's
-            st.evals.add(evalloss.forward_loss(output), st.eval_weight)
+            between.attach(st.cur, st.evals.add(evalloss.forward_loss(output),
+                                                st.eval_weight))
     except Exception as exc:
         st.failed("evaluation hook", exc)
 

@@ -342,7 +342,7 @@ def write_summary(st: AutoState, status: str, error: str | None) -> None:
         config["modified_by"] = "STEPSCOPE_NOOP_GRAD_SYNC=1 (gradients not synchronised)"
     if st.settings.replay_data:
         config["modified_by_data"] = "STEPSCOPE_REPLAY_DATA=1 (first batches replayed)"
-    for key in ("loss_convention", "step_boundary", "before_training"):  # seen in the run
+    for key in ("loss_convention", "step_boundary", "before_training", "between_steps"):
         if key in st.config:
             config[key] = st.config[key]
     if "flops_convention" in st.notes:

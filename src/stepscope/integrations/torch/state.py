@@ -129,6 +129,7 @@ class AutoState:
         self.eval_pre = False
         self.eval_key: int | None = None
         self.eval_t0 = 0.0
+        self.lossless_run = 0  # steps in a row with lossless forwards before them (.between)
 
     def _phase_now(self) -> str:
         if self.in_backward:
@@ -210,6 +211,8 @@ class AutoState:
         if has_params:
             if self.pre_segments:  # the trained model is known: were they evaluation?
                 firststep.resolve(self, between.first_param_id(module))
+            if not self.cur.fwd_calls:  # the step's first: evaluation or its own work?
+                between.settle(self)
             evalloss.flush(self)  # training resumed: the evaluation before it is complete
             self.cur.fwd_calls += 1
             if self.closure_done:

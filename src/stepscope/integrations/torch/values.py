@@ -51,6 +51,7 @@ class StepData:
     comm: list[Any] = field(default_factory=list)
     compute_end: Any = None
     extra: dict[str, float] = field(default_factory=dict)
+    booked: list[list[Any]] = field(default_factory=list)  # between-steps bookings (.between)
     # CUDA only: (phase, start event, end event) and an event at the step's end.
     dev: list[tuple[str, Any, Any]] = field(default_factory=list)
     done_event: Any = None
