@@ -30,7 +30,7 @@ def _run(tmp: object, stage: int) -> tuple[ScriptRun, dict[tuple[int, int], dict
     out = Path(str(tmp)) / f"zero{stage}"
     proc = stepscope_run(out, str(BIN / "torchrun"), "--nproc_per_node", "2",
                          str(THIRDPARTY_SCRIPTS / "deepspeed_style.py"), "--stage",
-                         str(stage), env={"DS_ACCELERATOR": "cpu"}, timeout=400)
+                         str(stage), env={"DS_ACCELERATOR": "cpu"}, timeout=600)
     table = RunDir(out).read_steps()[0] if (out / "steps").is_dir() else StepTable.empty()
     own = printed(proc.stdout)
     run = ScriptRun(proc, own, out, table, {})
