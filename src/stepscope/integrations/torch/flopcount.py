@@ -8,7 +8,11 @@ it, nothing is computed, no memory is allocated and the model is left as it was.
 dependent models (``.item()``, ``nonzero``) cannot run on meta tensors, and models whose
 modules carry forward hooks of their own (FSDP2, accelerate, DeepSpeed) or sharded
 parameters are not run at all (the hooks keep state a foreign forward would change):
-then None and a reason, and the run keeps the 6N convention.
+then None and a reason, and the run keeps the 6N convention. One data-dependent read is
+common and FLOP-neutral: Hugging Face models (transformers 5's mask code) look at the
+``attention_mask`` values to skip the mask; a forward that fails with it is counted again
+without it (padding is computed all the same, so the FLOPs do not depend on it), and the
+note says so.
 
 The run's convention is then ``counted``: forward FLOPs x 3 (the backward taken as twice
 the forward: gradients of inputs and of weights, one matmul each), per sample and, where
@@ -28,6 +32,8 @@ from typing import Any
 __all__ = ["forward_flops", "meta_like", "capture_call", "counted_fields", "CONVENTION"]
 
 CONVENTION = "counted"
+# how a forward that read its attention_mask's values was counted (module docstring)
+MASK_SUFFIX = " (attention_mask left out: the model reads its values; FLOPs do not)"
 
 
 def meta_like(obj: Any) -> Any:
@@ -86,32 +92,47 @@ def forward_flops(model: Any, args: Any, kwargs: Any = None) -> tuple[int | None
     why = _not_safe(m)
     if why:
         return None, f"not counted ({why})"
-    try:
-        state = {k: torch.empty_like(v, device="meta") for k, v in
-                 [*m.named_parameters(), *m.named_buffers()]}
+    kwargs = dict(kwargs or {})
+    note = "torch.utils.flop_counter.FlopCounterMode, one forward on meta tensors"
+    state = {k: torch.empty_like(v, device="meta") for k, v in
+             [*m.named_parameters(), *m.named_buffers()]}
+
+    def count(kw: dict[str, Any]) -> int:
         counter = FlopCounterMode(display=False)
         with torch.no_grad(), counter:
-            functional_call(m, state, meta_like(tuple(args)), meta_like(dict(kwargs or {})))
+            functional_call(m, state, meta_like(tuple(args)), meta_like(kw))
+        return int(counter.get_total_flops())
+
+    try:
+        total = count(kwargs)
     except Exception as exc:  # the model cannot run on meta tensors: not counted
-        return None, f"not counted ({type(exc).__name__}: {str(exc)[:120]})"
-    total = int(counter.get_total_flops())
+        why = f"not counted ({type(exc).__name__}: {str(exc)[:120]})"
+        if "attention_mask" not in kwargs:
+            return None, why
+        try:  # the mask's values were read (module docstring): once more without it
+            total = count({k: v for k, v in kwargs.items() if k != "attention_mask"})
+        except Exception:
+            return None, why
+        note += MASK_SUFFIX
     if total <= 0:
         return None, "not counted (FlopCounterMode saw no matmul, convolution or attention)"
-    return total, "torch.utils.flop_counter.FlopCounterMode, one forward on meta tensors"
+    return total, note
 
 
 def counted_fields(forward: int, samples: float | None, tokens: float | None,
-                   ) -> dict[str, Any]:
+                   masked: bool = False) -> dict[str, Any]:
     """run.json FLOPs fields of the ``counted`` convention for one micro-batch's forward
-    FLOPs ``forward`` over ``samples`` samples (and ``tokens`` token ids, when seen)."""
+    FLOPs ``forward`` over ``samples`` samples (and ``tokens`` token ids, when seen);
+    ``masked``: the forward was counted without its attention_mask (:data:`MASK_SUFFIX`)."""
     step = 3.0 * forward  # forward + backward (2 x forward)
     out: dict[str, Any] = {"counted_forward_flops": forward}
     if samples and samples > 0:
         out["flops_per_sample"] = out["hardware_flops_per_sample"] = step / samples
     if tokens and tokens > 0 and math.isfinite(tokens):
         out["flops_per_token"] = out["hardware_flops_per_token"] = step / tokens
+    mask = "; " + MASK_SUFFIX.strip(" ()") if masked else ""
     out["flops_convention"] = (
         f"counted: forward FLOPs x 3 ({forward:,} forward FLOPs per micro-batch of "
         f"{samples:g} samples counted by torch.utils.flop_counter.FlopCounterMode on the "
-        "model's own forward; backward taken as 2x forward; no recompute)")
+        f"model's own forward; backward taken as 2x forward; no recompute{mask})")
     return out

@@ -173,7 +173,8 @@ def _counted(st: AutoState, b: dict[str, Any]) -> dict[str, Any] | None:
     samples = b.get("micro_batch") or _leading_dim(args)
     tokens = samples * b["seq_len"] if samples and "seq_len" in b and \
         "model_input_shape" in b else None
-    return flopcount.counted_fields(fwd, samples, tokens)
+    return flopcount.counted_fields(fwd, samples, tokens,
+                                    masked=why.endswith(flopcount.MASK_SUFFIX))
 
 
 def _leading_dim(args: Any) -> int | None:
