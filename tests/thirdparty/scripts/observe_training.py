@@ -4,7 +4,8 @@ fixture; an observer for scripts that log too little per step to check stepscope
 ``python observe_training.py SCRIPT [ARGS...]`` runs SCRIPT as ``__main__`` with ARGS
 (``runpy``, the file untouched) after registering torch's global hooks, which add nothing
 to the script's objects:
-- module forward hooks keep the ``.loss`` of every forward whose output has one: run with
+- module forward hooks keep the ``.loss`` of every forward whose output has one (on real
+  tensors: a forward on meta tensors is stepscope's FLOP count, not the script's): run with
   autograd on by a module in training mode, it is a micro-batch of the trained model
   (with the batch size of its ``input_ids`` keyword); otherwise an evaluation forward,
   timed from its pre-hook to its hook;
@@ -63,6 +64,9 @@ def _pre_forward(module, args):
 def _forward(module, args, kwargs, output):
     loss = getattr(output, "loss", None)
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        return
+    if loss.is_meta:  # stepscope counting FLOPs on meta tensors: not the script's forward
+        _eval_start.pop(id(module), None)
         return
     _models.add(module)
     if _is_eval(module):
