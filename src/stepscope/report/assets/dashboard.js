@@ -160,7 +160,11 @@ function profileBlock(p, events = []) {
   if (!rep) return `<p>${esc(p.profile_dir)}: ${esc(p.status)}</p>`;
   const ev = events.filter((e) => e.type === "profile" && String(e.dir || "").endsWith(p.profile_dir)).pop();
   const window = ev && ev.steps ? `steps ${esc(ev.steps)} (both ends included), ` : "";
-  const ranks = Object.entries(rep.ranks || {}).map(([r, d]) => `<tr><td>${esc(r)}</td>
+  // The slowest ranks first, 16 of them: a 1,024-rank capture is the heatmap's to show.
+  const all = Object.entries(rep.ranks || {}).sort(([, a], [, b]) =>
+    (b.step_time_median_us ?? -Infinity) - (a.step_time_median_us ?? -Infinity));
+  const more = all.length > 16 ? `<tr><td colspan="6" class="muted">… ${all.length - 16} more ranks</td></tr>` : "";
+  const ranks = all.slice(0, 16).map(([r, d]) => `<tr><td>${esc(r)}</td>
     <td class="num">${num(d.compute_pct)}%</td><td class="num">${num(d.idle_pct)}%</td>
     <td class="num">${num(d.comm_comp_overlap_pct)}%</td><td class="num">${num((d.step_time_median_us || 0) / 1000)} ms</td>
     <td>${Object.entries(d.phase_means_us || {}).map(([k, v]) => `${esc(k)} ${num(v / 1000)} ms`).join(" · ")}</td></tr>`).join("");
@@ -168,10 +172,10 @@ function profileBlock(p, events = []) {
     <td>${esc(o.kind)}</td><td class="num">${num(o.count)}</td><td class="num">${num(o.total_us / 1000)} ms</td>
     <td class="num">${num(o.share_pct)}%</td></tr>`).join("");
   return `<p class="muted" id="profile-window">capture ${esc(p.profile_dir)}: ${window}mean per profiled step (${esc(p.status)})</p>
-    <table><tr><th>rank</th><th class="num">compute</th><th class="num">idle</th><th class="num">overlap</th>
-    <th class="num">step (median)</th><th>phases (mean)</th></tr>${ranks}</table>
+    <div class="scroll-x"><table id="profile-ranks"><tr><th>rank</th><th class="num">compute</th><th class="num">idle</th><th class="num">overlap</th>
+    <th class="num">step (median)</th><th>phases (mean)</th></tr>${ranks}${more}</table></div>
     <h3 style="margin-top:10px">Top ops</h3>
-    <table><tr><th>type</th><th>op</th><th>kind</th><th class="num">calls</th><th class="num">total</th><th class="num">share</th></tr>${ops}</table>`;
+    <div class="scroll-x"><table><tr><th>type</th><th>op</th><th>kind</th><th class="num">calls</th><th class="num">total</th><th class="num">share</th></tr>${ops}</table></div>`;
 }
 
 function kvTable(obj) {
@@ -260,7 +264,7 @@ async function showRun(path) {
     <h2>Ranks</h2>${fleetLine(ser.fleet)}
     <div class="fleet"><div><canvas id="heat" class="heat"></canvas>
       <div class="legend-scale">0.5x <i></i> 2x of the median step time (rank × step)</div></div>
-      <div><h3>Slowest ranks first</h3>${perRankTable(doc.sheet.per_rank)}</div></div>
+      <div class="scroll-x"><h3>Slowest ranks first</h3>${perRankTable(doc.sheet.per_rank)}</div></div>
     <h2>Latest profile</h2><div id="profile">${profileBlock(doc.profile, doc.events)}</div>
     <h2>Run</h2>
     <details open><summary>Baseline</summary>${kvTable(m.baseline)}</details>
