@@ -158,11 +158,13 @@ def first_paints(root: Path) -> tuple[float, float, float, float]:
 
 
 def _drop_caches(root: Path) -> None:
-    """A cold root: no index, no step cache (the run files alone)."""
+    """A cold root: no index, no page or step cache (the run files alone)."""
     from stepscope.index import INDEX_FILE
+    from stepscope.report.serve_pages import PAGES_DIR
 
     for p in root.glob(INDEX_FILE + "*"):
         p.unlink()
+    shutil.rmtree(root / PAGES_DIR, ignore_errors=True)
     for d in root.glob("*/.cache"):
         shutil.rmtree(d)
 
@@ -188,7 +190,7 @@ def main() -> None:
                          "in ROOT.tb); a root built before is reused")
     ap.add_argument("--passes", type=int, default=2,
                     help="fresh server processes in turn: the first on a cold root (no "
-                         "index, no step cache), the next on what the first left")
+                         "index, no page or step cache), the next on what the first left")
     args = ap.parse_args()
     if args.small:
         args.runs, args.steps, args.ranks = 100, 20_000, 8

@@ -47,7 +47,10 @@ const RUN_COLS = [
   ["mem_peak_bytes", "memory peak", (r) => gib(r.mem_peak_bytes), true],
   ["created_utc", "created", (r) => esc((r.created_utc || "").replace("T", " ").slice(0, 19))],
 ];
-const listState = { q: "", where: "", sort: "-created_utc", selected: new Set() };
+// The table draws the first ROWS_SHOWN runs of the sorted, filtered list (a thousand rows
+// took seconds to lay out on a loaded host); "show all" draws the rest.
+const ROWS_SHOWN = 200;
+const listState = { q: "", where: "", sort: "-created_utc", selected: new Set(), all: false };
 
 async function showRuns() {
   $("#where-am-i").textContent = "runs";
@@ -84,12 +87,17 @@ async function loadRuns() {
   const head = "<tr><th></th>" + RUN_COLS.map(([k, label, , n]) => {
     const arrow = listState.sort === k ? " ▲" : listState.sort === "-" + k ? " ▼" : "";
     return `<th data-k="${k}" class="${n ? "num" : ""}">${label}${arrow}</th>`; }).join("") + "</tr>";
-  const rows = doc.runs.map((r) => `<tr class="${r.valid ? "" : "invalid"}">
+  const shown = listState.all ? doc.runs : doc.runs.slice(0, ROWS_SHOWN);
+  const rows = shown.map((r) => `<tr class="${r.valid ? "" : "invalid"}">
       <td><input type="checkbox" data-p="${esc(r.path)}" ${listState.selected.has(r.path) ? "checked" : ""}></td>` +
     RUN_COLS.map(([, , f, n]) => `<td class="${n ? "num" : ""}">${f(r)}</td>`).join("") + "</tr>");
-  $("#runs").innerHTML = head + rows.join("");
+  const more = doc.runs.length - shown.length;
+  $("#runs").innerHTML = head + rows.join("") + (more > 0 ? `<tr><td colspan="${RUN_COLS.length + 1}"
+    class="muted">… ${more} more runs: search or filter, or <a id="all-runs">show all</a></td></tr>` : "");
   $("#count").textContent = `${doc.runs.length} run(s) under ${doc.root}` +
     (doc.indexing ? " · indexing: the numbers fill in as the runs are read" : "");
+  const all = $("#all-runs");
+  if (all) all.addEventListener("click", () => { listState.all = true; loadRuns(); });
   $("#runs").querySelectorAll("th[data-k]").forEach((th) => th.addEventListener("click", () => {
     const k = th.dataset.k;
     listState.sort = listState.sort === "-" + k ? k : "-" + k;
