@@ -1,6 +1,7 @@
 """The run page's layout at a fleet's scale, in a real Chromium: 1,024 ranks and billions of
 tokens/s fit the page (no sideways overflow), tables name their slowest ranks and count the
-rest, and every y axis has room for its tick labels, which are distinct."""
+rest, every y axis has room for its tick labels, which are distinct, and a step axis
+shows whole steps."""
 
 from __future__ import annotations
 
@@ -62,3 +63,5 @@ def test_a_1024_rank_page_fits_and_its_axes_have_room(fleet_report: Path, width:
         tokens = axes["Tokens/s"][0]
         assert tokens[-1].endswith("G") and max(len(v) for v in tokens) <= 5, tokens
         assert all("e-4" in v or v == "0" for v in axes["Learning rate"][0])
+        steps = page.evaluate("charts.map((c) => c.axes[0]._values)")
+        assert all(v.replace(",", "").isdigit() for vs in steps for v in vs), steps  # whole

@@ -9,9 +9,12 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+import orjson
 import pytest
 
-from stepscope.report.serve_data import Dashboard
+from stepscope import RunMeta, StepTable, summarize
+from stepscope.report.serve_data import Dashboard, series_doc
 from stepscope.report.serve_pages import PAGES_DIR
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -71,3 +74,25 @@ def test_a_root_where_pages_cannot_be_kept_still_answers(root: Path) -> None:
     again = _documents(_board(root), "ddp")
     assert again[1]["series"] and json.dumps(again) == json.dumps(first)
     assert [p.name for p in root.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_long_runs_series_document_stays_small_and_its_x_axes_exact() -> None:
+    """The x axes (wall time, tokens seen) are sent at the steps the charts draw: a
+    1,000,000-step run's document was 46 MB, almost all of it the x axes of every step."""
+    n = 200_000
+    rng = np.random.default_rng(3)
+    t = 0.5 + 0.01 * rng.standard_normal(n)
+    table = StepTable.from_columns({
+        "rank": np.zeros(n, dtype=np.int64), "step": np.arange(n), "step_time_s": t,
+        "end_s": np.cumsum(t), "tokens": np.full(n, 4096.0), "loss": np.linspace(9, 2, n)})
+    meta = RunMeta(run_id="long", status="finished")
+    doc = series_doc("long", table, summarize(table, meta), meta, max_points=2000)
+    assert len(orjson.dumps(doc)) < 1_000_000
+    drawn = set(doc["series"]["efficiency/step_time_s"]["steps"]) | set(doc["phases"]["steps"])
+    wall = doc["x"]["wall_s"]
+    assert set(wall["steps"]) <= drawn and set(doc["series"]["result/loss"]["steps"]) <= set(
+        wall["steps"])
+    full = np.cumsum(t)  # the wall-time axis at each drawn step is the whole run's
+    assert np.allclose(wall["value"], full[np.asarray(wall["steps"])], rtol=0, atol=1e-9)
+    tokens = doc["x"]["tokens"]
+    assert tokens["value"] == [4096.0 * (s + 1) for s in tokens["steps"]]

@@ -273,22 +273,33 @@ def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_poin
             continue  # the page draws ranks as the fleet's bands and the heatmap
         s, lo, hi = envelope(at, vals, max_points)
         out[tag] = {"steps": s.tolist(), "lo": _floats(lo), "hi": _floats(hi)}
-    return {"path": rel, "series": out, "x": _x_axes(table, series),
-            "phases": _phases(table, max_points), "heatmap": _heatmap(table, heat_cols),
-            "fleet": _fleet(table, heat_cols),
+    phases, fleet = _phases(table, max_points), _fleet(table, heat_cols)
+    drawn = [np.asarray(d["steps"], dtype=np.int64)
+             for d in [*out.values(), phases, *([fleet] if fleet else [])]]
+    return {"path": rel, "series": out, "x": _x_axes(table, series, drawn),
+            "phases": phases, "heatmap": _heatmap(table, heat_cols), "fleet": fleet,
             "warmup_steps": sheet.warmup_steps, "status": meta.status,
             "window": list(steps) if steps else None}
 
 
-def _x_axes(table: StepTable, series: dict[str, tuple[AnyArray, AnyArray]]) -> dict[str, Any]:
-    """Step -> cumulative tokens and -> wall time since the first step, for the x selector."""
+def _x_axes(table: StepTable, series: dict[str, tuple[AnyArray, AnyArray]],
+            drawn: Sequence[AnyArray]) -> dict[str, Any]:
+    """Step -> cumulative tokens and -> wall time since the first step, for the x selector,
+    at the ``drawn`` steps only (the charts' decimated points: not every step of a long
+    run, which was most of its series document)."""
+    at = np.unique(np.concatenate(drawn)) if drawn else np.zeros(0, dtype=np.int64)
+
+    def axis(steps: AnyArray, total: AnyArray) -> dict[str, Any]:
+        keep = np.isin(steps, at)
+        return {"steps": steps[keep].tolist(), "value": total[keep].tolist()}
+
     out: dict[str, Any] = {}
     if "efficiency/step_time_s" in series:
         steps, t = series["efficiency/step_time_s"]
-        out["wall_s"] = {"steps": steps.tolist(), "value": np.cumsum(t).tolist()}
+        out["wall_s"] = axis(steps, np.cumsum(t))
     if table.has_data("tokens"):
         steps, tokens = by_step(table, "tokens", "sum")
-        out["tokens"] = {"steps": steps.tolist(), "value": np.cumsum(tokens).tolist()}
+        out["tokens"] = axis(steps, np.cumsum(tokens))
     return out
 
 

@@ -33,7 +33,7 @@ from .. import __version__
 __all__ = ["PageCache", "PAGES_DIR", "run_key"]
 
 PAGES_DIR = ".stepscope-pages"
-_FORMAT = 1  # bump when a document's shape changes
+_FORMAT = 2  # bump when a document changes (2: x axes at the drawn steps only)
 
 
 def _stat(p: Path) -> list[int]:

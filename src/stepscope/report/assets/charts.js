@@ -96,6 +96,9 @@ function tickLabels(fmt) {
   };
 }
 
+/* whole steps on a step axis (no "step 2.5"): 1, 2, 5, 10, 20, 50, ... */
+const STEP_INCRS = Array.from({ length: 30 }, (_, i) => [1, 2, 5][i % 3] * 10 ** Math.floor(i / 3));
+
 /* the y axis as wide as its longest tick label (uPlot's own size callback) */
 function axisSize(u, values, axisIdx, cycleNum) {
   const axis = u.axes[axisIdx];
@@ -171,7 +174,8 @@ function lineChart(el, title, lines, opts) {
     width: Math.max(320, wrap.clientWidth - 16), height: 220,
     cursor: { sync: { key: "run" }, drag: { x: true, y: false } },
     scales: { x: { time: false }, y: fromZero ? { range: (u, mn, mx) => [0, mx > 0 ? mx * 1.05 : 1] } : {} },
-    axes: [{ label: axis === "step" ? "step" : axis === "tokens" ? "tokens seen" : "wall time (s)" },
+    axes: [{ label: axis === "step" ? "step" : axis === "tokens" ? "tokens seen" : "wall time (s)",
+             ...(axis === "step" ? { incrs: STEP_INCRS } : {}) },
            { label: yLabel, size: axisSize, values: tickLabels(opts.fmt) }],
     legend: { live: true },
     series, bands,
