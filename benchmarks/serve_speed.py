@@ -17,8 +17,10 @@ Chromium driven by Playwright:
    own loader (``EventAccumulator.Reload``), the time until the first scalar series is
    available to draw; the ratio anchor / stepscope's run-page first paint.
 
-Run: ``.venv/bin/python benchmarks/serve_speed.py [--runs 1000 --steps 1000000 --ranks 8]``
-(``--small`` for a quick check). Needs the ``export`` and ``dev`` extras and chromium.
+Run: ``.venv/bin/python benchmarks/serve_speed.py [--runs 1000 --steps 1000000 --ranks 8]
+[--root DIR]`` (``--small`` for a quick check; ``--root`` keeps the generated root and
+TensorBoard's events for the next run, which drops the root's index and caches again before
+its cold pass). Needs the ``export`` and ``dev`` extras and chromium.
 """
 
 from __future__ import annotations
@@ -78,12 +80,10 @@ def make_root(root: Path, runs: int, steps: int, ranks: int) -> Path:
     return big
 
 
-def tensorboard_anchor(big: Path, tmp: Path) -> float:
-    """Write the long run's rank-0 scalars with TensorBoard's writer; time its loader."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def write_tensorboard(big: Path, logdir: Path) -> None:
+    """The long run's rank-0 scalars, written with TensorBoard's own writer."""
     from tensorboard.summary import Writer
 
-    logdir = tmp / "tb"
     writer = Writer(str(logdir))
     with open(big / "steps" / "rank-00000.jsonl") as fh:
         for line in fh:
@@ -94,6 +94,12 @@ def tensorboard_anchor(big: Path, tmp: Path) -> float:
             writer.add_scalar("step_time_s", r["step_time_s"], s)
             writer.add_scalar("tokens_per_s", r["tokens"] / r["step_time_s"], s)
     writer.close()
+
+
+def tensorboard_load(logdir: Path) -> float:
+    """Seconds until TensorBoard's own loader has the scalars to draw."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     t0 = time.perf_counter()
     acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0, "scalars": 0})
     acc.Reload()
@@ -151,36 +157,78 @@ def first_paints(root: Path) -> tuple[float, float, float, float]:
         proc.wait(timeout=30)
 
 
+def _drop_caches(root: Path) -> None:
+    """A cold root: no index, no page or step cache (the run files alone)."""
+    from stepscope.index import INDEX_FILE
+    from stepscope.report.serve_pages import PAGES_DIR
+
+    for p in root.glob(INDEX_FILE + "*"):
+        p.unlink()
+    shutil.rmtree(root / PAGES_DIR, ignore_errors=True)
+    for d in root.glob("*/.cache"):
+        shutil.rmtree(d)
+
+
+def _tb_events(big: Path, where: Path) -> Path:
+    """TensorBoard's event files of the long run, written once beside the root."""
+    done = where / ".complete"
+    if not done.exists():
+        shutil.rmtree(where, ignore_errors=True)
+        write_tensorboard(big, where)
+        done.touch()
+    return where
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--small", action="store_true", help="100 runs, 20,000 x 8 records")
-    ap.add_argument("--keep", type=Path, default=None, help="build the root here and keep it")
+    ap.add_argument("--root", "--keep", dest="root", type=Path, default=None,
+                    help="build the root here once and keep it (with TensorBoard's events "
+                         "in ROOT.tb); a root built before is reused")
+    ap.add_argument("--passes", type=int, default=2,
+                    help="fresh server processes in turn: the first on a cold root (no "
+                         "index, no page or step cache), the next on what the first left")
     args = ap.parse_args()
     if args.small:
         args.runs, args.steps, args.ranks = 100, 20_000, 8
     tmp = Path(tempfile.mkdtemp(prefix="serve-speed-"))
-    root = args.keep or tmp / "root"
+    root = args.root or tmp / "root"
     try:
         t0 = time.perf_counter()
-        big = make_root(root, args.runs, args.steps, args.ranks)
-        print(f"root: {args.runs} runs + one of {args.steps:,} steps x {args.ranks} ranks "
-              f"({time.perf_counter() - t0:.1f} s to write)")
-        table_s, complete_s, run_s, rss = first_paints(root)
-        anchor = tensorboard_anchor(big, tmp)
-        print(f"{'measure':<42}{'seconds':>10}")
-        print(f"{'runs table first paint (cold)':<42}{table_s:>10.2f}")
-        print(f"{'runs table complete (every run indexed)':<42}{complete_s:>10.2f}")
-        print(f"{'run page first paint (cold, all charts)':<42}{run_s:>10.2f}")
-        print(f"{'server peak RSS (MiB)':<42}{rss:>10.0f}")
-        print(f"{'TensorBoard: load the same scalars (rank 0)':<42}{anchor:>10.2f}")
-        print(f"ratio TensorBoard load / stepscope run page: {anchor / run_s:.1f}x "
-              "(target >= 5x); first-paint target: under 2 s each")
+        if (root / ".complete").exists():
+            big = root / "long-run"
+            print(f"root: reused {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+            big = make_root(root, args.runs, args.steps, args.ranks)
+            (root / ".complete").touch()
+            print(f"root: {args.runs} runs + one of {args.steps:,} steps x {args.ranks} "
+                  f"ranks ({time.perf_counter() - t0:.1f} s to write)")
+        t0 = time.perf_counter()
+        tb = _tb_events(big, root.with_name(root.name + ".tb"))
+        print(f"TensorBoard events ready ({time.perf_counter() - t0:.1f} s)")
+        _drop_caches(root)
+        rows = []
+        for i in range(args.passes):
+            rows.append(first_paints(root))
+            print(f"pass {i + 1} ({'cold' if i == 0 else 'warm'}): " + ", ".join(
+                f"{v:.2f}" for v in rows[-1]), flush=True)
+        anchor = tensorboard_load(tb)
+        print(f"{'measure':<46}" + "".join(f"{'cold' if i == 0 else 'warm':>10}"
+                                            for i in range(len(rows))))
+        names = ("runs table first paint (s)", "runs table complete, all indexed (s)",
+                 "run page first paint, all charts (s)", "server peak RSS (MiB)")
+        for j, name in enumerate(names):
+            print(f"{name:<46}" + "".join(f"{r[j]:>10.2f}" for r in rows))
+        print(f"{'TensorBoard: load the same scalars (s)':<46}{anchor:>10.2f}")
+        print("ratio TensorBoard load / stepscope run page: " + ", ".join(
+            f"{anchor / r[2]:.1f}x" for r in rows) + " (target >= 5x); first-paint target: "
+              "under 2 s each")
     finally:
-        if args.keep is None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,7 @@ CLI = {
                '--mlflow',
                '--mlflow-experiment',
                '--name',
+               '--no-html',
                '--out',
                '--profile-steps',
                '--samples-per-step',

@@ -64,13 +64,16 @@ from .common import emit_json
                    "URI (e.g. sqlite:///mlflow.db), written by rank 0.")
 @click.option("--mlflow-experiment", default="stepscope", show_default=True,
               help="MLflow experiment of --mlflow (created if absent).")
+@click.option("--no-html", is_flag=True,
+              help="Do not write RUN/report.html when the command ends (it is written best "
+                   "effort: a failure is one line and never changes the exit status).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: int,
             tokens_per_step: float | None, samples_per_step: float | None,
             cross_rank_every: int | None, flops_convention: str | None, grace_s: float,
             alerts_file: str | None, metrics_port: int | None, tensorboard_dir: str | None,
-            mlflow_uri: str | None, mlflow_experiment: str, as_json: bool,
+            mlflow_uri: str | None, mlflow_experiment: str, no_html: bool, as_json: bool,
             command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with per-step recording of every rank.
 
@@ -79,7 +82,8 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
     own process group; SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to
     stepscope are forwarded to it. Exits with the command's exit status (128 + N when
     signal N ended it), or 3 when it succeeded but a MindSpore script had no step
-    stepscope could attach to (the message says what it looked for).
+    stepscope could attach to (the message says what it looked for). Then RUN/report.html
+    is written, bounded in time; it never changes the exit status.
     """
     from ..launch import launch
 
@@ -113,8 +117,15 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
     if outcome.profile_dir is not None:  # analysed here: never in the launcher or trainer
         outcome.profile_analysis = _analyze_profile(outcome.run_dir, outcome.profile_dir,
                                                     profile_steps)
+    html: Path | None = None
+    html_note: str | None = "not asked for (--no-html)"
+    if not no_html:  # after the profile's analysis, which the page shows
+        from .run_html import write_after_run
+
+        html, html_note = write_after_run(outcome.run_dir)
     if as_json:
-        emit_json(outcome.to_dict(), one_line=True)
+        emit_json({**outcome.to_dict(), "html": str(html) if html else None,
+                   "html_note": html_note}, one_line=True)
     else:
         line = f"stepscope: run {outcome.status}: {outcome.run_dir}"
         if outcome.error:
@@ -123,6 +134,10 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
         if outcome.profile_dir is not None:
             click.echo(f"stepscope: profile {outcome.profile_analysis.get('status')}: "
                        f"{outcome.profile_dir}", err=True)
+        if html is not None:
+            click.echo(f"stepscope: HTML report: {html}", err=True)
+        elif not no_html:
+            click.echo(f"stepscope: report.html not written: {html_note}", err=True)
     sys.exit(outcome.returncode if outcome.returncode >= 0 else 128 - outcome.returncode)
 
 

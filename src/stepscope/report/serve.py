@@ -22,6 +22,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
+import sys
 from http import HTTPStatus
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -66,6 +67,13 @@ class DashboardServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.board = board
         self.token = token  # required on every request when not None
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that closed its connection (a tab closed, a reload) is no error worth
+        a traceback on the terminal; anything else is reported as usual."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:

@@ -38,12 +38,15 @@ from ..store import ReadStats, RunDir
 from .fleet import fleet_matrix, slowest_ranks
 from .regimes_view import sheet_text
 from .serve_index import RunList
+from .serve_pages import PageCache, run_key
 
 __all__ = ["Dashboard", "NotFound", "series_doc", "run_doc", "latest_profile"]
 
 # Events the run page shows (the rest of events.jsonl is the tools' own bookkeeping).
 _SHOWN_EVENTS = ("finding", "alert", "isolation", "profile", "warning", "cross_rank")
 _CACHE_RUNS = 8  # loaded runs kept in memory (a page polls the run it shows)
+# ... and the bytes their tables may hold together: past it the oldest go (the newest stays).
+_CACHE_BYTES = 2 << 30
 
 
 class NotFound(StepscopeError):
@@ -60,6 +63,10 @@ class _Loaded:
     skipped: int
     read: ReadStats
     findings: list[Finding] | None = None  # diagnosed on first request (the slow part)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(np.asarray(self.table[c]).nbytes) for c in self.table.columns)
 
 
 def _floats(a: AnyArray) -> list[float | None]:
@@ -97,6 +104,7 @@ class Dashboard:
         self._lock = threading.Lock()
         # The index, refreshed off the request; a request waits index_wait_s at most.
         self._runs = RunList(self.root, refresh_s, index_wait_s)
+        self._pages = PageCache(self.root)
         self._cache: OrderedDict[str, _Loaded] = OrderedDict()
         # One loader per run at a time: the page asks for a run's sheet and series at once,
         # and the second request should wait for the first read, not read it again.
@@ -149,24 +157,46 @@ class Dashboard:
         loaded = _Loaded(sig, meta, table, sheet, list(stats.problems), stats.skipped, stats)
         with self._lock:
             self._cache[rel] = loaded
-            while len(self._cache) > _CACHE_RUNS:
-                self._cache.popitem(last=False)
+            held = sum(x.nbytes for x in self._cache.values())
+            while len(self._cache) > _CACHE_RUNS or (held > _CACHE_BYTES
+                                                     and len(self._cache) > 1):
+                held -= self._cache.popitem(last=False)[1].nbytes
         return loaded
+
+    def _page(self, rel: str, kind: str, query: tuple[Any, ...], build: Any
+              ) -> dict[str, Any]:
+        """``build()``'s document, from the page cache when the run's files are as they
+        were; kept there unless the run is still being written."""
+        key = run_key(self._path_of(rel), *query)
+        doc = self._pages.get(rel, kind, key)
+        if doc is None:
+            doc = build()
+            if doc.get("status", (doc.get("meta") or {}).get("status")) != "running":
+                self._pages.put(rel, kind, key, doc)
+        return doc
 
     def run(self, rel: str, with_findings: bool = True) -> dict[str, Any]:
         """Sheet, events, identity and environment, the latest profile, and (unless
         ``with_findings`` is false: the page asks for them after its first paint) findings."""
-        loaded = self._load(rel)
-        run = RunDir.open(self._path_of(rel))
-        findings = self._findings(rel, loaded, run) if with_findings else []
-        return run_doc(rel, run, loaded.table, loaded.meta, loaded.sheet, loaded.problems,
-                       findings, loaded.read)
+        def build() -> dict[str, Any]:
+            loaded = self._load(rel)
+            return run_doc(rel, RunDir.open(self._path_of(rel)), loaded.table, loaded.meta,
+                           loaded.sheet, loaded.problems, [], loaded.read)
+
+        doc = self._page(rel, "run", (), build)
+        if with_findings:
+            doc = {**doc, "findings": self.findings(rel)["findings"]}
+        return doc
 
     def findings(self, rel: str) -> dict[str, Any]:
-        """diagnose's findings of one run (cached with the loaded run)."""
-        loaded = self._load(rel)
-        found = self._findings(rel, loaded, RunDir.open(self._path_of(rel)))
-        return {"path": rel, "findings": [f.to_dict() for f in found]}
+        """diagnose's findings of one run (cached with the loaded run, and on disk)."""
+        def build() -> dict[str, Any]:
+            loaded = self._load(rel)
+            found = self._findings(rel, loaded, RunDir.open(self._path_of(rel)))
+            return {"path": rel, "findings": [f.to_dict() for f in found],
+                    "status": loaded.meta.status}
+
+        return self._page(rel, "findings", (), build)
 
     def _findings(self, rel: str, loaded: _Loaded, run: RunDir) -> list[Finding]:
         with self._lock:
@@ -185,9 +215,14 @@ class Dashboard:
         ``steps`` = (first, last) inclusive narrows them to a zoomed window, so a zoom shows
         the window at full resolution rather than the whole run's bins (last None: up to
         the newest step)."""
-        loaded = self._load(rel)
-        return series_doc(rel, loaded.table, loaded.sheet, loaded.meta, max_points, heat_cols,
-                          steps)
+        def build() -> dict[str, Any]:
+            loaded = self._load(rel)
+            return series_doc(rel, loaded.table, loaded.sheet, loaded.meta, max_points,
+                              heat_cols, steps)
+
+        if steps is not None:  # a zoomed window: computed each time (its edge moves live)
+            return build()
+        return self._page(rel, "series", (max_points, heat_cols), build)
 
     def compare(self, rel_a: str, rel_b: str) -> dict[str, Any]:
         """The A/B verdict of ``stepscope compare`` for two runs of the index."""
@@ -238,22 +273,33 @@ def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_poin
             continue  # the page draws ranks as the fleet's bands and the heatmap
         s, lo, hi = envelope(at, vals, max_points)
         out[tag] = {"steps": s.tolist(), "lo": _floats(lo), "hi": _floats(hi)}
-    return {"path": rel, "series": out, "x": _x_axes(table, series),
-            "phases": _phases(table, max_points), "heatmap": _heatmap(table, heat_cols),
-            "fleet": _fleet(table, heat_cols),
+    phases, fleet = _phases(table, max_points), _fleet(table, heat_cols)
+    drawn = [np.asarray(d["steps"], dtype=np.int64)
+             for d in [*out.values(), phases, *([fleet] if fleet else [])]]
+    return {"path": rel, "series": out, "x": _x_axes(table, series, drawn),
+            "phases": phases, "heatmap": _heatmap(table, heat_cols), "fleet": fleet,
             "warmup_steps": sheet.warmup_steps, "status": meta.status,
             "window": list(steps) if steps else None}
 
 
-def _x_axes(table: StepTable, series: dict[str, tuple[AnyArray, AnyArray]]) -> dict[str, Any]:
-    """Step -> cumulative tokens and -> wall time since the first step, for the x selector."""
+def _x_axes(table: StepTable, series: dict[str, tuple[AnyArray, AnyArray]],
+            drawn: Sequence[AnyArray]) -> dict[str, Any]:
+    """Step -> cumulative tokens and -> wall time since the first step, for the x selector,
+    at the ``drawn`` steps only (the charts' decimated points: not every step of a long
+    run, which was most of its series document)."""
+    at = np.unique(np.concatenate(drawn)) if drawn else np.zeros(0, dtype=np.int64)
+
+    def axis(steps: AnyArray, total: AnyArray) -> dict[str, Any]:
+        keep = np.isin(steps, at)
+        return {"steps": steps[keep].tolist(), "value": total[keep].tolist()}
+
     out: dict[str, Any] = {}
     if "efficiency/step_time_s" in series:
         steps, t = series["efficiency/step_time_s"]
-        out["wall_s"] = {"steps": steps.tolist(), "value": np.cumsum(t).tolist()}
+        out["wall_s"] = axis(steps, np.cumsum(t))
     if table.has_data("tokens"):
         steps, tokens = by_step(table, "tokens", "sum")
-        out["tokens"] = {"steps": steps.tolist(), "value": np.cumsum(tokens).tolist()}
+        out["tokens"] = axis(steps, np.cumsum(tokens))
     return out
 
 

@@ -77,6 +77,42 @@ function markerHook(marks, warmup, axisSteps, regimes = []) {
   };
 }
 
+/* y tick labels: as many decimals as the tick spacing needs, thousands and up as k/M/G/T
+   (8,166,707,131 tokens/s is "8.17G" on an axis), below 0.001 in exponent form (3e-4) */
+function tickLabels(fmt) {
+  return (u, ticks, axisIdx, space, incr) => {
+    if (fmt) return ticks.map((t) => fmt(t));
+    const big = Math.max(0, ...ticks.map((t) => Math.abs(t)));
+    const [scale, suffix] = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]]
+      .find(([k]) => big >= k) || [1, ""];
+    const step = (incr || big || 1) / scale;
+    if (scale === 1 && big > 0 && big < 1e-3) {
+      return ticks.map((t) => (t === 0 ? "0" : t.toExponential(Math.min(6, Math.max(0,
+        Math.round(Math.log10(Math.abs(t)) - Math.log10(step)))))));
+    }
+    let d = 0;
+    while (d < 6 && Math.abs(Math.round(step * 10 ** d) - step * 10 ** d) > 1e-6 * 10 ** d) d++;
+    return ticks.map((t) => (t === 0 ? "0" : (t / scale).toFixed(d) + suffix));
+  };
+}
+
+/* whole steps on a step axis (no "step 2.5"): 1, 2, 5, 10, 20, 50, ... */
+const STEP_INCRS = Array.from({ length: 30 }, (_, i) => [1, 2, 5][i % 3] * 10 ** Math.floor(i / 3));
+
+/* the y axis as wide as its longest tick label (uPlot's own size callback) */
+function axisSize(u, values, axisIdx, cycleNum) {
+  const axis = u.axes[axisIdx];
+  let size = axis.ticks.size + axis.gap + (axis.labelSize ?? 30);
+  const longest = (values || []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
+  if (longest) {
+    u.ctx.font = axis.font[0];
+    size += u.ctx.measureText(longest).width / devicePixelRatio;
+  }
+  size = Math.ceil(size) + 4;
+  // uPlot lays out again while the sizes change: only growing keeps that finite.
+  return cycleNum > 1 ? Math.max(size, axis._size || 0) : size;
+}
+
 /* one chart: lines = [{label, steps, hi, lo?}], smoothed copies drawn over faint raw ones */
 function lineChart(el, title, lines, opts) {
   const { axis, x, smooth, marks, warmup, unit = "", fromZero = false, fmt = num, fill = false,
@@ -138,8 +174,9 @@ function lineChart(el, title, lines, opts) {
     width: Math.max(320, wrap.clientWidth - 16), height: 220,
     cursor: { sync: { key: "run" }, drag: { x: true, y: false } },
     scales: { x: { time: false }, y: fromZero ? { range: (u, mn, mx) => [0, mx > 0 ? mx * 1.05 : 1] } : {} },
-    axes: [{ label: axis === "step" ? "step" : axis === "tokens" ? "tokens seen" : "wall time (s)" },
-           { label: yLabel, size: 60, ...(opts.fmt ? { values: (u, ticks) => ticks.map((t) => fmt(t)) } : {}) }],
+    axes: [{ label: axis === "step" ? "step" : axis === "tokens" ? "tokens seen" : "wall time (s)",
+             ...(axis === "step" ? { incrs: STEP_INCRS } : {}) },
+           { label: yLabel, size: axisSize, values: tickLabels(opts.fmt) }],
     legend: { live: true },
     series, bands,
     hooks: { ...markerHook(marks || [], warmup, stepToX, regimes),

@@ -47,7 +47,10 @@ const RUN_COLS = [
   ["mem_peak_bytes", "memory peak", (r) => gib(r.mem_peak_bytes), true],
   ["created_utc", "created", (r) => esc((r.created_utc || "").replace("T", " ").slice(0, 19))],
 ];
-const listState = { q: "", where: "", sort: "-created_utc", selected: new Set() };
+// The table draws the first ROWS_SHOWN runs of the sorted, filtered list (a thousand rows
+// took seconds to lay out on a loaded host); "show all" draws the rest.
+const ROWS_SHOWN = 200;
+const listState = { q: "", where: "", sort: "-created_utc", selected: new Set(), all: false };
 
 async function showRuns() {
   $("#where-am-i").textContent = "runs";
@@ -84,12 +87,17 @@ async function loadRuns() {
   const head = "<tr><th></th>" + RUN_COLS.map(([k, label, , n]) => {
     const arrow = listState.sort === k ? " ▲" : listState.sort === "-" + k ? " ▼" : "";
     return `<th data-k="${k}" class="${n ? "num" : ""}">${label}${arrow}</th>`; }).join("") + "</tr>";
-  const rows = doc.runs.map((r) => `<tr class="${r.valid ? "" : "invalid"}">
+  const shown = listState.all ? doc.runs : doc.runs.slice(0, ROWS_SHOWN);
+  const rows = shown.map((r) => `<tr class="${r.valid ? "" : "invalid"}">
       <td><input type="checkbox" data-p="${esc(r.path)}" ${listState.selected.has(r.path) ? "checked" : ""}></td>` +
     RUN_COLS.map(([, , f, n]) => `<td class="${n ? "num" : ""}">${f(r)}</td>`).join("") + "</tr>");
-  $("#runs").innerHTML = head + rows.join("");
+  const more = doc.runs.length - shown.length;
+  $("#runs").innerHTML = head + rows.join("") + (more > 0 ? `<tr><td colspan="${RUN_COLS.length + 1}"
+    class="muted">… ${more} more runs: search or filter, or <a id="all-runs">show all</a></td></tr>` : "");
   $("#count").textContent = `${doc.runs.length} run(s) under ${doc.root}` +
     (doc.indexing ? " · indexing: the numbers fill in as the runs are read" : "");
+  const all = $("#all-runs");
+  if (all) all.addEventListener("click", () => { listState.all = true; loadRuns(); });
   $("#runs").querySelectorAll("th[data-k]").forEach((th) => th.addEventListener("click", () => {
     const k = th.dataset.k;
     listState.sort = listState.sort === "-" + k ? k : "-" + k;
@@ -160,7 +168,11 @@ function profileBlock(p, events = []) {
   if (!rep) return `<p>${esc(p.profile_dir)}: ${esc(p.status)}</p>`;
   const ev = events.filter((e) => e.type === "profile" && String(e.dir || "").endsWith(p.profile_dir)).pop();
   const window = ev && ev.steps ? `steps ${esc(ev.steps)} (both ends included), ` : "";
-  const ranks = Object.entries(rep.ranks || {}).map(([r, d]) => `<tr><td>${esc(r)}</td>
+  // The slowest ranks first, 16 of them: a 1,024-rank capture is the heatmap's to show.
+  const all = Object.entries(rep.ranks || {}).sort(([, a], [, b]) =>
+    (b.step_time_median_us ?? -Infinity) - (a.step_time_median_us ?? -Infinity));
+  const more = all.length > 16 ? `<tr><td colspan="6" class="muted">… ${all.length - 16} more ranks</td></tr>` : "";
+  const ranks = all.slice(0, 16).map(([r, d]) => `<tr><td>${esc(r)}</td>
     <td class="num">${num(d.compute_pct)}%</td><td class="num">${num(d.idle_pct)}%</td>
     <td class="num">${num(d.comm_comp_overlap_pct)}%</td><td class="num">${num((d.step_time_median_us || 0) / 1000)} ms</td>
     <td>${Object.entries(d.phase_means_us || {}).map(([k, v]) => `${esc(k)} ${num(v / 1000)} ms`).join(" · ")}</td></tr>`).join("");
@@ -168,10 +180,10 @@ function profileBlock(p, events = []) {
     <td>${esc(o.kind)}</td><td class="num">${num(o.count)}</td><td class="num">${num(o.total_us / 1000)} ms</td>
     <td class="num">${num(o.share_pct)}%</td></tr>`).join("");
   return `<p class="muted" id="profile-window">capture ${esc(p.profile_dir)}: ${window}mean per profiled step (${esc(p.status)})</p>
-    <table><tr><th>rank</th><th class="num">compute</th><th class="num">idle</th><th class="num">overlap</th>
-    <th class="num">step (median)</th><th>phases (mean)</th></tr>${ranks}</table>
+    <div class="scroll-x"><table id="profile-ranks"><tr><th>rank</th><th class="num">compute</th><th class="num">idle</th><th class="num">overlap</th>
+    <th class="num">step (median)</th><th>phases (mean)</th></tr>${ranks}${more}</table></div>
     <h3 style="margin-top:10px">Top ops</h3>
-    <table><tr><th>type</th><th>op</th><th>kind</th><th class="num">calls</th><th class="num">total</th><th class="num">share</th></tr>${ops}</table>`;
+    <div class="scroll-x"><table><tr><th>type</th><th>op</th><th>kind</th><th class="num">calls</th><th class="num">total</th><th class="num">share</th></tr>${ops}</table></div>`;
 }
 
 function kvTable(obj) {
@@ -260,7 +272,7 @@ async function showRun(path) {
     <h2>Ranks</h2>${fleetLine(ser.fleet)}
     <div class="fleet"><div><canvas id="heat" class="heat"></canvas>
       <div class="legend-scale">0.5x <i></i> 2x of the median step time (rank × step)</div></div>
-      <div><h3>Slowest ranks first</h3>${perRankTable(doc.sheet.per_rank)}</div></div>
+      <div class="scroll-x"><h3>Slowest ranks first</h3>${perRankTable(doc.sheet.per_rank)}</div></div>
     <h2>Latest profile</h2><div id="profile">${profileBlock(doc.profile, doc.events)}</div>
     <h2>Run</h2>
     <details open><summary>Baseline</summary>${kvTable(m.baseline)}</details>
