@@ -119,6 +119,8 @@ def close(st: LoopState, status: str, error: str | None) -> None:
     st.closed = True
     try:
         recorded = False
+        for cb in _CALLBACK:
+            cb.flush()  # its pending steps (recorded in batches) first
         for core in [st.session] + [cb.core for cb in _CALLBACK]:
             if core is None:
                 continue

@@ -38,6 +38,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from time import perf_counter
 from typing import Any, TypeVar
 
 import mindspore as ms
@@ -47,6 +48,7 @@ from ...analysis.findings import Finding
 from ...losscheck import ambiguous_loss, find_loss
 from ...recorder import Recorder
 from ...session import StepSession
+from .batched import StepBatch, UsageFeed
 from .cheap import BatchCounter, LrReader, shared_sampler
 from .probes import (
     MEM_SOURCE,
@@ -78,15 +80,17 @@ def make_session(run_dir: str | os.PathLike[str], meta: dict[str, Any] | None, n
                  loss_source: str, *, rank: int | None = None,
                  alerts: str | os.PathLike[str] | None = None,
                  sync_every: int = 0, loss_advice: str = "",
-                 cells: tuple[Any, Any] = (None, None)) -> StepSession:
+                 cells: tuple[Any, Any] = (None, None),
+                 usage: UsageFeed | None = None) -> StepSession:
     """A session for this rank: run.json facts, profiler capture (``cells``: the network
     and optimizer its PyNative phase marks hook), cross-rank view and, with
     ``sync_every`` > 0, ``mindspore.runtime.synchronize`` at the phase boundaries of every
-    N-th step (MindSpore dispatches asynchronously, even on CPU)."""
+    N-th step (MindSpore dispatches asynchronously, even on CPU). ``usage``: the
+    recorder's CPU-time source (see :mod:`.batched`)."""
     m = _base_meta(meta, net, optimizer)
     r, world = rank_and_world()
     r = r if rank is None else rank
-    rec = Recorder(run_dir, meta=m, rank=r, alerts=alerts)
+    rec = Recorder(run_dir, meta=m, rank=r, alerts=alerts, usage=usage)
     capture = ProfileCapture(rec.run, profile_steps, r, world) if profile_steps else None
     if capture is not None:  # PyNative phase marks (network, optimizer): see profile.py
         capture.attach(*cells)
@@ -157,51 +161,83 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         self._scale_src: tuple[Any, Any] | None = None  # (train network, manager) with a scale
         self._loss_at: int | None = None  # 0: the outputs are the loss; 1: their first
         self._last_cur = 0
+        self._batch: StepBatch | None = None  # steps recorded off the hot path (batched)
+        self._t_begin = self._lr_begin = 0.0
+        self._extra_begin = True  # the begin hook does more than take the clock
 
     def on_train_begin(self, run_context: Any) -> None:
         p = run_context.original_args()
-        self._last_cur = int(getattr(p, "cur_step_num", 0) or 0)  # >0 when resuming
         if self.core is not None:  # a later Model.train call of a kept-open run
-            self.core.restart_wait()
+            self._restart()
+            self._last_cur = int(p.get("cur_step_num", 0) or 0)
             return
+        self._last_cur = int(p.get("cur_step_num", 0) or 0)  # >0 when resuming
         meta, profile_steps, every, rank = self._args
         m = _with_config(meta, stepscope_integration="mindspore Model.train callback")
         m.setdefault("baseline", {}).setdefault("execution_mode", execution_mode())
-        net, opt = getattr(p, "network", None), getattr(p, "optimizer", None)
+        net, opt = p.get("network"), p.get("optimizer")
         self._lr = LrReader(opt)
-        # Read once: a cb_params attribute costs ~3 µs and a Cell attribute ~15 µs a step.
-        train_net = getattr(p, "train_network", None)
-        manager = getattr(p, "loss_scale_mananger", None)
+        # Read once: a Cell attribute costs ~15 µs a step.
+        train_net = p.get("train_network")
+        manager = p.get("loss_scale_mananger")  # (MindSpore's spelling)
         if manager is not None or hasattr(train_net, "scale_sense"):
             self._scale_src = (train_net, manager)
+        feed = UsageFeed() if not profile_steps else None
         self.core = make_session(self.run_dir, m, net, opt, profile_steps, every,
                                  "the training network's outputs", rank=rank,
                                  alerts=self.alerts, loss_advice=_CALLBACK_LOSS_ADVICE,
-                                 cells=(train_net, None))
-        manager = getattr(p, "loss_scale_mananger", None) if self.check_scale else None
+                                 cells=(train_net, None), usage=feed)
+        # Profiled runs keep the per-step path: the capture starts and stops at steps.
+        self._batch = StepBatch(self.core, feed, self._finish) if feed is not None else None
+        self._extra_begin = self._scale_src is not None or self._batch is None or \
+            self._lr.asks
+        manager = manager if self.check_scale else None
         for f in loss_scale_findings(manager, opt, str(ms.get_context("device_target")),
                                      self.core.rank):
             self.core.rec.run.append_event({"type": "finding", **f.to_dict()})
 
-    def on_train_epoch_begin(self, run_context: Any) -> None:
-        if self.core is not None:
+    def _restart(self) -> None:
+        if self._batch is not None:
+            self._batch.restart()
+        elif self.core is not None:
             self.core.restart_wait()
 
+    def on_train_epoch_begin(self, run_context: Any) -> None:
+        if self.core is not None:
+            self._restart()
+
     def on_train_step_begin(self, run_context: Any) -> None:
-        core = self.core
-        assert core is not None
-        p = run_context.original_args()
-        core.begin()  # data wait: since the previous step's end (the dataset's next)
-        core.count(*self._counts(getattr(p, "train_dataset_element", None)))
-        cur = int(getattr(p, "cur_step_num", 0) or 0)  # already counts this step
-        core.log(lr=self._lr(cur - 1) if self._lr is not None else None)
-        if self._scale_src is not None:
-            self.scale.begin(*self._scale_src)
+        self._t_begin = perf_counter()  # data wait: since the previous step's end
+        if self._extra_begin:
+            p = run_context.original_args()
+            if self._scale_src is not None:
+                self.scale.begin(*self._scale_src)
+            if self._lr is not None and self._lr.asks:  # a schedule cell: before the update
+                self._lr_begin = self._lr(int(p.get("cur_step_num", 0) or 0) - 1)
+            if self._batch is None:
+                assert self.core is not None
+                self.core.begin()
 
     def on_train_step_end(self, run_context: Any) -> None:
-        assert self.core is not None
+        # The hot path: the loss (its read waits for the step), the clock, the batch's
+        # counts, the scale; the row is made later, off it (_finish, see .batched).
         p = run_context.original_args()
-        outputs = getattr(p, "net_outputs", None)
+        outputs = p.get("net_outputs")
+        loss, what = self._loss(outputs)
+        t = perf_counter()
+        scale = self._scale_values(outputs) if self._scale_src is not None or (
+            type(outputs) is tuple and len(outputs) == 3) else None
+        raw = (self._counts(p.get("train_dataset_element")), loss, what,
+               int(p.get("cur_step_num", 0) or 0), scale, self._lr_begin)
+        if self._batch is not None:
+            self._batch.add(self._t_begin, t, raw)
+            return
+        assert self.core is not None
+        tokens, samples, loss, values, missing = self._finish(raw)
+        self.core.count(tokens, samples)
+        self.core.end(values=values, loss=loss, missing_loss=missing)
+
+    def _scale_values(self, outputs: Any) -> dict[str, float]:
         overflow = None
         if isinstance(outputs, (tuple, list)) and len(outputs) == 3:
             # TrainOneStepWithLossScaleCell: (loss, overflow, scale after the update)
@@ -209,14 +245,19 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
                 overflow = bool(to_float(outputs[1]))
             except (TypeError, ValueError):
                 pass
-        values = self.scale.end(overflow)
-        cur = int(getattr(p, "cur_step_num", 0) or 0)
+        return self.scale.end(overflow)
+
+    def _finish(self, raw: Any) -> tuple[float, float, float | None, dict[str, float], str]:
+        """A step's row contents from what its hooks took (in step order)."""
+        (tokens, samples), loss, what, cur, scale, lr_begin = raw
+        values = dict(scale) if scale else {}
         if cur - self._last_cur > 1:  # dataset sink mode: one callback per sink of steps
             values["steps_per_record"] = float(cur - self._last_cur)
         self._last_cur = cur
-        loss, what = self._loss(outputs)
-        self.core.end(values=values, loss=loss,
-                      missing_loss=f"were {what}, which hold no scalar loss")
+        if self._lr is not None:
+            values["lr"] = lr_begin if self._lr.asks else self._lr(cur - 1)
+        missing = f"were {what}, which hold no scalar loss" if loss is None else ""
+        return tokens, samples, loss, values, missing
 
     def _loss(self, outputs: Any) -> tuple[float | None, str]:
         """The loss, found once by :func:`find_loss` and then read where it was found
@@ -244,9 +285,15 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
             self.core.rec.run.append_event({"type": "warning", "rank": self.core.rank,
                                             "message": message})
 
+    def flush(self) -> None:
+        """Record the steps still pending (see :mod:`.batched`)."""
+        if self._batch is not None:
+            self._batch.drain()
+
     def on_train_end(self, run_context: Any) -> None:
         if self.core is None:
             return
+        self.flush()
         if self.core.step == 0:  # the field report's "the callback hook never fired"
             self.core.rec.run.append_event({"type": "finding", **Finding(
                 category="logging", severity="critical", rank=self.core.rank,
@@ -262,12 +309,14 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
                  tb: Any) -> None:
         """Model.train's callback manager exits: an exception ends the run ``failed``."""
         if et is not None and self.core is not None and not self.core.rec._closed:
+            self.flush()
             error = f"{et.__name__}: {e}"
             self.core.rec.run.append_event(crash_event(self.core, error))
             self.close("failed", error)
 
     def close(self, status: str = "finished", error: str | None = None) -> None:
         if self.core is not None:
+            self.flush()
             self.core.close(status, error)
 
 

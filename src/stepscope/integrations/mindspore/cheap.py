@@ -91,6 +91,12 @@ class LrReader:
         except Exception:  # unusual layouts: fall back to the optimizer's own get_lr()
             self.const, self.table = math.nan, None
 
+    @property
+    def asks(self) -> bool:
+        """Each read asks the optimizer (a schedule cell): read it before the step, while
+        its global step is still the step's."""
+        return self.const != self.const and self.table is None
+
     def __call__(self, step: int) -> float:
         if self.const == self.const:
             return self.const
