@@ -249,6 +249,8 @@ def _patch_value_and_grad(st: LoopState) -> None:
             if st.sync is not None and st.sync_step():
                 st.sync()
             _guard(st, "value_and_grad hook", st.forward_backward, out, args, clock() - t0)
+            if st.flop_call is None and a and not kwargs:  # counted after the first step
+                st.flop_call = (a[0], args)
             return out
 
         timed._stepscope_vag = True  # type: ignore[attr-defined]

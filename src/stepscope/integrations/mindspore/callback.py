@@ -48,6 +48,8 @@ from ...analysis.findings import Finding
 from ...losscheck import ambiguous_loss, find_loss
 from ...recorder import Recorder
 from ...session import StepSession
+from . import autoflops
+from .autoflops import forward_of_model
 from .batched import StepBatch, UsageFeed
 from .cheap import BatchCounter, LrReader, shared_sampler
 from .probes import (
@@ -164,6 +166,7 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         self._batch: StepBatch | None = None  # steps recorded off the hot path (batched)
         self._t_begin = self._lr_begin = 0.0
         self._extra_begin = True  # the begin hook does more than take the clock
+        self._count_flops = False  # FLOPs still to count after the first step
 
     def on_train_begin(self, run_context: Any) -> None:
         p = run_context.original_args()
@@ -191,6 +194,9 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         self._batch = StepBatch(self.core, feed, self._finish) if feed is not None else None
         self._extra_begin = self._scale_src is not None or self._batch is None or \
             self._lr.asks
+        env = (meta or {}).get("environment", {})
+        self._count_flops = self.core.rank == 0 and not any(
+            k in env for k in ("flops_per_token", "flops_per_sample"))  # the user's win
         manager = manager if self.check_scale else None
         for f in loss_scale_findings(manager, opt, str(ms.get_context("device_target")),
                                      self.core.rank):
@@ -231,11 +237,29 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
                int(p.get("cur_step_num", 0) or 0), scale, self._lr_begin)
         if self._batch is not None:
             self._batch.add(self._t_begin, t, raw)
-            return
+        else:
+            assert self.core is not None
+            tokens, samples, loss, values, missing = self._finish(raw)
+            self.core.count(tokens, samples)
+            self.core.end(values=values, loss=loss, missing_loss=missing)
+        if self._count_flops:  # once, after the first step (off every step's path)
+            self._count_flops = False
+            self._attach_flops(p)
+
+    def _attach_flops(self, p: Any) -> None:
+        """FLOPs of the forward network on the first batch (see :mod:`.autoflops`)."""
         assert self.core is not None
-        tokens, samples, loss, values, missing = self._finish(raw)
-        self.core.count(tokens, samples)
-        self.core.end(values=values, loss=loss, missing_loss=missing)
+        net, why = forward_of_model(p.get("network"), p.get("loss_fn"))
+        element = p.get("train_dataset_element")
+        first = element[0] if isinstance(element, (tuple, list)) and element else element
+        if net is None:
+            autoflops.note(self.core, why)
+        else:
+            autoflops.attach(self.core, net, (first,), self.tokens_per_sample)
+        if self._batch is not None:
+            self._batch.prev_end = perf_counter()  # the count is tool time, not data wait
+        else:
+            self.core.restart_wait()
 
     def _scale_values(self, outputs: Any) -> dict[str, float]:
         overflow = None

@@ -63,6 +63,9 @@ class LoopState:
         self.steps = 0
         self.prev_end = _NAN
         self.scalers: list[Any] = []  # mindspore.amp loss scalers the script made
+        # (value_and_grad's function, its first arguments): FLOPs counted after step 0
+        self.flop_call: tuple[Any, tuple[Any, ...]] | None = None
+        self.flops_done = False
         self.scale = ScaleWatch()
         self._scale_open = False
         self._reset()
@@ -156,9 +159,28 @@ class LoopState:
                                                    "rank": self.session.rank})
         start = self.t_first if math.isnan(self.prev_end) else self.prev_end
         self._emit(start, end, lr, optimizer)
+        if not self.flops_done:
+            self._count_flops()
         if self.sync_step() and self.sync is not None:
             self.sync()  # the next step is synced: it starts with an empty queue
         self.prev_end = self.clock()  # stepscope's own time is billed by the session
+
+    def _count_flops(self) -> None:
+        """Once, after the first step: the FLOPs of value_and_grad's function on its first
+        arguments (see :mod:`.autoflops`); without one, the run says why it has no MFU."""
+        self.flops_done = True
+        core = self.session
+        if core is None or core.rank != 0:
+            return
+        from . import autoflops
+
+        if self.flop_call is None:
+            autoflops.note(core, "no value_and_grad function ran outside @jit (the step's "
+                                 "forward was compiled, so its cells' shapes were not seen)")
+            return
+        fn, args = self.flop_call
+        self.flop_call = None
+        autoflops.attach_function(core, fn, args)
 
     def _emit(self, start: float, end: float, lr: float, optimizer: Any) -> None:
         assert self.session is not None
