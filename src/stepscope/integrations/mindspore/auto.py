@@ -69,6 +69,7 @@ def install(settings: Settings) -> LoopState:
     _STATE = st
     _patch_model_train(st)
     _patch_boundaries(st)
+    _patch_graph_cells(st)
     _patch_value_and_grad(st)
     _patch_jit(st)
     _patch_dataset(st)
@@ -119,6 +120,7 @@ def close(st: LoopState, status: str, error: str | None) -> None:
     st.closed = True
     try:
         recorded = False
+        st.close_skipped(st.clock())  # a last step whose update was skipped
         for cb in _CALLBACK:
             cb.flush()  # its pending steps (recorded in batches) first
         for core in [st.session] + [cb.core for cb in _CALLBACK]:
@@ -220,6 +222,28 @@ def _timed_boundary(st: LoopState, kind: str, orig: Any, parts: Any) -> Any:
         return out
 
     return call
+
+
+def _patch_graph_cells(st: LoopState) -> None:
+    """GRAPH mode: a top-level ``nn.Cell`` call that compiles and runs a cell holding an
+    optimizer (a custom train step: value_and_grad + optimizer in its construct) is a
+    step boundary. ``compile_and_run`` is only reached in GRAPH mode, once per call of the
+    outermost cell (the cells inside are compiled into its graph), so PyNative loops pay
+    nothing for this patch."""
+    orig = nn.Cell.compile_and_run
+    holds: dict[int, Any] = {}  # id(cell) -> its optimizer, or None (classified once)
+    timed = _timed_boundary(st, "graph cell", orig, lambda c: (holds.get(id(c)), None))
+
+    def compile_and_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        key = id(self)
+        if key not in holds:
+            holds[key] = next((c for _, c in self.cells_and_names()
+                               if isinstance(c, nn.Optimizer)), None)
+        if holds[key] is None or isinstance(self, nn.Optimizer):
+            return orig(self, *args, **kwargs)
+        return timed(self, *args, **kwargs)
+
+    nn.Cell.compile_and_run = compile_and_run
 
 
 def _patch_boundaries(st: LoopState) -> None:
