@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -28,7 +28,7 @@ from ...recorder import Recorder
 from ...session import StepSession
 from .callback import _with_config, crash_event, make_session
 from .cheap import LrReader
-from .probes import batch_counts, execution_mode, grad_norm, to_float
+from .probes import batch_counts, execution_mode, function_modes, grad_norm, to_float
 from .scaling import ScaleWatch
 
 __all__ = ["LoopRecorder"]
@@ -44,8 +44,10 @@ class LoopRecorder:
     Every ``sync_every``-th step (default 10; 0: never) is synchronised at its phase
     boundaries (``mindspore.runtime.synchronize``) and marked ``synced``: MindSpore
     dispatches asynchronously, so an unsynced phase shows where the host waited.
-    ``compiled``: the step functions run under ``@jit`` (run.json's
-    ``baseline.execution_mode``; default: the context's mode).
+    ``compiled``: whether the step functions run under ``@jit``, for run.json's
+    ``baseline.execution_mode`` (``compare`` names a difference): True/False, or the step
+    functions themselves (``compiled=[train_step]``), each found compiled or not
+    (``config.function_modes``: ``{"train_step": "jit"}``); default: the context's mode.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, network: Any = None,
@@ -53,12 +55,18 @@ class LoopRecorder:
                  profile_steps: tuple[int, int] | None = None, cross_rank_every: int = 0,
                  tokens_per_sample: float | None = None, rank: int | None = None,
                  alerts: str | os.PathLike[str] | None = None, sync_every: int = 10,
-                 compiled: bool | None = None) -> None:
+                 compiled: bool | Callable[..., Any] | Iterable[Callable[..., Any]] | None
+                 = None) -> None:
         m = _with_config(meta, stepscope_integration="mindspore custom loop (LoopRecorder)",
                          phase_note=("forward_backward_s: mindspore.value_and_grad runs "
                                      "forward and backward in one call; the host cannot time "
                                      "them apart (profile_steps splits them by op name)"),
                          sync_every=sync_every)
+        if compiled is not None and not isinstance(compiled, bool):
+            functions = [compiled] if callable(compiled) else list(compiled)
+            modes = function_modes(functions)
+            m["config"]["function_modes"] = modes
+            compiled = "jit" in modes.values()
         m.setdefault("baseline", {}).setdefault("execution_mode", execution_mode(compiled))
         self.core = make_session(run_dir, m, network, optimizer, profile_steps,
                                  cross_rank_every, "the custom loop", rank=rank, alerts=alerts,
