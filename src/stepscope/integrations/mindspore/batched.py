@@ -63,6 +63,7 @@ class StepBatch:
         self.pending: list[tuple[Any, ...]] = []
         self.prev_end = clock()  # the previous step's end (or the train/epoch begin)
         self.first_end = math.nan  # end of the oldest pending step
+        self.first = True
         self.usage_last = feed.read() if feed is not None else (0.0, 0.0)
 
     def restart(self) -> None:
@@ -78,7 +79,8 @@ class StepBatch:
         if len(self.pending) == 1:
             self.first_end = end_s
         if len(self.pending) >= MAX_PENDING or end_s - self.first_end >= MAX_AGE_S \
-                or self.core.step == 0:
+                or self.first:
+            self.first = False  # the first step at once: run.json and warnings early
             self.drain()
 
     def drain(self) -> None:

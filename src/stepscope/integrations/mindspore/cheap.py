@@ -114,11 +114,10 @@ class BatchCounter:
 
     def __call__(self, batch: Any) -> tuple[float, float]:
         first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
-        try:
-            key = tuple(first.shape)
+        try:  # (a MindSpore tensor's shape is a tuple already: hashed as it is)
+            got = self._cache.get(first.shape)
         except (AttributeError, TypeError):
             return batch_counts(batch, self.tokens_per_sample)
-        got = self._cache.get(key)
         if got is None:
-            got = self._cache[key] = batch_counts(batch, self.tokens_per_sample)
+            got = self._cache[first.shape] = batch_counts(batch, self.tokens_per_sample)
         return got
