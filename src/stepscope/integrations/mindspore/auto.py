@@ -7,10 +7,12 @@ MindSpore and then calls :func:`install`, which patches, in this process only:
 * ``Model.train``: a :class:`.callback.StepscopeCallback` is added to the callbacks (one per
   process, kept across ``Model.train`` calls; a script's own StepscopeCallback wins);
 * custom loops (:mod:`.loopstate` says how a boundary is chosen): ``nn.Optimizer`` and
-  ``nn.TrainOneStepCell`` calls, functions made by ``mindspore.jit`` (a compiled train
+  ``nn.TrainOneStepCell`` calls, GRAPH-mode calls of a cell holding an optimizer
+  (``nn.Cell.compile_and_run``), functions made by ``mindspore.jit`` (a compiled train
   step when the function refers to an optimizer), functions made by
-  ``mindspore.value_and_grad`` (loss, gradients, ``forward_backward_s``), and dataset
-  iterators' ``__next__`` (``data_wait_s``);
+  ``mindspore.value_and_grad`` (loss, gradients, ``forward_backward_s``; the function is
+  run once more after the first step to count its FLOPs, :mod:`.autoflops`), and
+  dataset iterators' ``__next__`` (``data_wait_s``);
 * ``sys.excepthook``, SIGTERM and ``atexit``: the records close ``failed`` with the
   exception, or ``finished``. A process that imported MindSpore and recorded no step leaves
   an ``attach_failed`` event, and ``stepscope run`` exits non-zero naming what it looked for.

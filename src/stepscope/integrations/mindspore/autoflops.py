@@ -106,6 +106,8 @@ def note(core: StepSession, why: str) -> str:
 def _cells_of(fn: Any) -> list[Any]:
     from mindspore import nn
 
+    if isinstance(fn, nn.Cell):  # value_and_grad(WithLossCell(net, loss), ...)
+        return [fn]
     try:
         cv = inspect.getclosurevars(inspect.unwrap(fn))
     except (TypeError, ValueError):

@@ -6,17 +6,7 @@
     cb = StepscopeCallback("runs/exp1", profile_steps=(5, 7), cross_rank_every=50)
     model.train(epochs, dataset, callbacks=[cb], dataset_sink_mode=False)
 
-Custom loops on ``mindspore.value_and_grad``::
-
-    rec = LoopRecorder("runs/exp1", network=net, optimizer=opt, scaler=scaler)
-    for x, y in rec.wrap_loader(dataset.create_tuple_iterator()):
-        with rec.step(x) as s:
-            with s.phase("forward_backward"):       # value_and_grad fuses the two
-                (loss, grads) = train_fn(x, y)
-            with s.phase("optimizer"):
-                opt(grads)
-            rec.log(loss=loss, grads=grads)
-    rec.close()
+Custom loops on ``mindspore.value_and_grad``: :class:`.loop.LoopRecorder`.
 
 What is measured, per step: step time (step begin to step end plus the data wait before
 it), data wait (time between the previous step's end and this step's begin: the dataset
@@ -26,9 +16,11 @@ loss-scale manager or ``mindspore.amp.DynamicLossScaler``), gradient norm (custo
 where the gradients are at hand), process peak RSS. ``Model.train`` runs forward, backward
 and update as one compiled graph, so only the profiler can split them (``profile_steps``);
 ``value_and_grad`` fuses forward and backward, so custom loops record ``forward_backward_s``.
-Cross-rank medians are exchanged through the run directory every N steps
-(see ``crossrank``). Importing this module imports MindSpore (the callback subclasses
-``mindspore.train.Callback``); ``import stepscope`` never does.
+The step hooks take only the clock, the loss, the batch's counts and the scale; the rows
+are made in batches off the step path (:mod:`.batched`), and the FLOPs are counted once
+after the first step (:mod:`.autoflops`). Cross-rank medians are exchanged through the
+run directory every N steps (see ``crossrank``). Importing this module imports MindSpore
+(the callback subclasses ``mindspore.train.Callback``); ``import stepscope`` never does.
 """
 
 from __future__ import annotations

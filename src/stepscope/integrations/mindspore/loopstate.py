@@ -5,7 +5,11 @@ what it held. The boundary is the outermost of (first match wins per call):
 
 * an ``@jit`` function whose code refers to an optimizer (a compiled train step),
 * a ``TrainOneStepCell`` (or subclass) call,
-* an ``nn.Optimizer`` call (the PyNative quick-start loop).
+* in GRAPH mode, a call of an ``nn.Cell`` holding an optimizer (a hand-written train cell),
+* an ``nn.Optimizer`` call (the PyNative quick-start loop),
+* in a loop with an amp loss scaler, the next step's first call after a step whose
+  update was skipped (value_and_grad ran, no optimizer call, the scale fell): that step
+  is recorded as ``skipped update`` with ``overflow`` 1.
 
 Calls nested in a boundary call (the optimizer inside a PyNative TrainOneStepCell) add
 their time, never a second boundary. ``value_and_grad`` results give the loss and the
