@@ -231,9 +231,16 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
             tokens, samples, loss, values, missing = self._finish(raw)
             self.core.count(tokens, samples)
             self.core.end(values=values, loss=loss, missing_loss=missing)
-        if self._count_flops:  # once, after the first step (off every step's path)
+        if self._count_flops and self._outside_capture():  # once, off every step's path
             self._count_flops = False
             self._attach_flops(p)
+
+    def _outside_capture(self) -> bool:
+        """No profiler window holds the step just ended or the next (the count's forward
+        must not be in a trace)."""
+        cap = self.core.capture if self.core is not None else None
+        n = self.core.step if self.core is not None else 0
+        return cap is None or not (cap.active(n - 1) or cap.active(n))
 
     def _attach_flops(self, p: Any) -> None:
         """FLOPs of the forward network on the first batch (see :mod:`.autoflops`)."""
