@@ -1,24 +1,31 @@
 """MindSpore callback overhead, measured against a bare ``Model.train`` in the same run.
 
-Three arms train the same compiled model (GRAPH_MODE, CPU, the quick-start MLP on
-synthetic MNIST-shaped batches), interleaved round by round so machine noise hits all
-alike:
+Four arms train the same compiled model (GRAPH_MODE, CPU, the quick-start MLP on
+synthetic MNIST-shaped batches), their order shuffled each round so machine noise hits all
+alike (the style of ``benchmarks/overhead.py``):
 
 * ``bare``: ``Model.train`` with no callback;
+* ``control``: the same again (the A/A control: its ratio to ``bare`` is this host's noise
+  floor, measured in the same run);
 * ``loss``: a callback that reads the loss each step (what LossMonitor does: the one host
   sync the issue allows stepscope);
-* ``stepscope``: :class:`StepscopeCallback`.
+* ``stepscope``: :class:`StepscopeCallback` (one, kept open across the rounds, as
+  ``stepscope run`` keeps its injected one: its start-up is not a per-step cost).
 
-Prints the median per-step time of each arm, the ratio stepscope / bare, and the time spent
-inside the StepscopeCallback's step hooks per step (its own cost, timed around each hook).
-Target (issue 17): under 50 µs per step beyond the loss read.
+Per arm and round it takes the wall time and the CPU time of the whole process
+(``process_time``: every thread, MindSpore's workers and stepscope's writer and memory
+sampler included) per step. It prints the median of each, the ratios against ``bare`` with
+a 95% bootstrap interval, and the per-step difference stepscope - loss in CPU µs (the
+target: under 50 µs beyond the loss read), and the CPU time of the training thread inside
+the callback's step hooks (``thread_time`` around each hook, after the step finished).
 
-Run: ``.venv/bin/python benchmarks/ms_callback_overhead.py [--rounds 6 --steps 200]``
+Run: ``.venv/bin/python benchmarks/ms_callback_overhead.py [--rounds 16 --steps 200]``
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import tempfile
 import time
@@ -67,9 +74,21 @@ def _data(steps: int, batch: int) -> ds.Dataset:
     return ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(batch)
 
 
+def _ci(values: list[float], seed: int) -> tuple[float, float, float]:
+    """Median and its 95% bootstrap interval."""
+    rng = random.Random(seed)
+    boot = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
+    return statistics.median(values), boot[50], boot[1949]
+
+
+def _ratio(num: list[float], den: list[float]) -> str:
+    med, lo, hi = _ci([x / y for x, y in zip(num, den, strict=True)], seed=1)
+    return f"{med:.4f}  95% CI [{lo:.4f}, {hi:.4f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=64)
     a = ap.parse_args()
@@ -81,31 +100,43 @@ def main() -> None:
     model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                   nn.Momentum(net.trainable_params(), 1e-3, 0.9))
     data = _data(a.steps, a.batch)
-    model.train(1, data, dataset_sink_mode=False)  # compile once, outside the rounds
-    tmp = Path(tempfile.mkdtemp(prefix="ms-overhead-"))
-    per_step: dict[str, list[float]] = {"bare": [], "loss": [], "stepscope": []}
+    cb = Timed(Path(tempfile.mkdtemp(prefix="ms-overhead-")) / "run", keep_open=True)
+    for cbs in ([], [cb]):  # compile, and open the callback's run, outside the rounds
+        model.train(1, data, callbacks=cbs, dataset_sink_mode=False)
+    arms: dict[str, list[Any]] = {"bare": [], "control": [], "loss": [LossRead()],
+                                  "stepscope": [cb]}
+    wall: dict[str, list[float]] = {k: [] for k in arms}
+    cpu: dict[str, list[float]] = {k: [] for k in arms}
     inside: list[float] = []
-    for r in range(a.rounds):
-        order = list(per_step) if r % 2 == 0 else list(reversed(per_step))
+    rng = random.Random(0)
+    for _ in range(a.rounds):
+        order = list(arms)
+        rng.shuffle(order)
         for arm in order:
-            cbs: list[Any] = []
-            if arm == "loss":
-                cbs = [LossRead()]
-            elif arm == "stepscope":
-                Timed.inside = 0.0
-                cbs = [Timed(tmp / f"run-{r}")]
-            t0 = time.perf_counter()
-            model.train(1, data, callbacks=cbs, dataset_sink_mode=False)
-            per_step[arm].append((time.perf_counter() - t0) / a.steps)
+            Timed.inside = 0.0
+            c0, t0 = time.process_time(), time.perf_counter()
+            model.train(1, data, callbacks=arms[arm], dataset_sink_mode=False)
+            wall[arm].append((time.perf_counter() - t0) / a.steps)
+            cpu[arm].append((time.process_time() - c0) / a.steps)
             if arm == "stepscope":
                 inside.append(Timed.inside / a.steps)
-    med = {k: statistics.median(v) for k, v in per_step.items()}
-    for k, v in med.items():
-        print(f"{k:10s} {v * 1e3:8.3f} ms/step")
-    print(f"ratio stepscope/bare: {med['stepscope'] / med['bare']:.3f} "
-          f"(stepscope - loss read: {(med['stepscope'] - med['loss']) * 1e6:+.0f} µs/step)")
-    print(f"inside the callback's step hooks: {statistics.median(inside) * 1e6:.1f} µs/step "
-          f"(after the step finished; target < 50 µs)")
+    cb.close()
+    print(f"Model.train, GRAPH_MODE CPU MLP, {a.rounds} rounds x {a.steps} steps, "
+          "arm order shuffled per round:")
+    for k in arms:
+        print(f"  {k:10s} wall {statistics.median(wall[k]) * 1e3:8.3f} ms/step   "
+              f"process CPU {statistics.median(cpu[k]) * 1e3:8.3f} ms/step")
+    for what, t in (("wall", wall), ("process CPU", cpu)):
+        print(f"  {what} ratio stepscope/bare: {_ratio(t['stepscope'], t['bare'])}")
+        print(f"  {what} ratio control/bare:   {_ratio(t['control'], t['bare'])}  (A/A)")
+        print(f"  {what} ratio loss/bare:      {_ratio(t['loss'], t['bare'])}")
+    diff = [(s - lo) * 1e6 for s, lo in zip(cpu["stepscope"], cpu["loss"], strict=True)]
+    med, lo, hi = _ci(diff, seed=2)
+    print(f"  process CPU stepscope - loss read: {med:+.1f} µs/step  95% CI [{lo:+.1f}, "
+          f"{hi:+.1f}] (target < 50)")
+    med, lo, hi = _ci([v * 1e6 for v in inside], seed=3)
+    print(f"  training thread inside the callback's step hooks: {med:.1f} µs/step  "
+          f"95% CI [{lo:.1f}, {hi:.1f}] (after the step finished; target < 50)")
 
 
 if __name__ == "__main__":

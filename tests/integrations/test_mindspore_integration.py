@@ -333,3 +333,29 @@ def test_msrun_breakdown_agrees_with_a_synced_measurement(tmp_path: Path) -> Non
     for phase in ("forward_backward", "comm", "optimizer"):
         a, b = fracs["default"][phase], fracs["reference"][phase]
         assert abs(a - b) <= 0.10, (phase, fracs)
+
+
+def test_callback_rows_made_off_the_step_path_keep_times_and_cpu(tmp_path: Path) -> None:
+    """The callback records its steps in batches (integrations/mindspore/batched.py):
+    over several batches and an epoch boundary, each row's end is where the script's own
+    callback saw the step end, the rows tile the training time, and the process CPU time
+    is shared out over every row (not all on the row of each batch pass)."""
+    run_dir = tmp_path / "batched"
+    out = _script("ms_model_train.py", run_dir, "--steps", "100", "--epochs", "2")
+    table, stats = RunDir.open(run_dir).read_steps()
+    assert stats.skipped == 0 and table["step"].tolist() == list(range(200))
+    assert np.all(np.isfinite(table["loss"])) and np.allclose(table["lr"], 1e-3)
+    assert np.all(table["tokens"] == 64) and np.all(table["samples"] == 4)
+    ends = np.array([w[1] for w in out["windows"]])
+    late = table["wall_time_s"] - ends  # ours is read after the script's, in the same hook
+    assert -50e-6 <= np.median(late) <= 1e-3, np.median(late)
+    begins = np.array([w[0] for w in out["windows"]])
+    own = ends - begins
+    ours = table["step_time_s"] - table["data_wait_s"] - np.nan_to_num(table["tool_s"])
+    assert np.median(np.abs(ours - own)) < 1e-3
+    assert np.all(table["data_wait_s"] >= 0) and np.nansum(table["tool_s"]) > 0
+    span = table["end_s"][-1] - table["end_s"][0]  # rows tile the time between their ends
+    assert abs(table["step_time_s"][1:].sum() - span) < 0.02 * span
+    cpu = table["cpu_s"]
+    assert np.all(cpu[1:] > 0)  # shared out: every row, not one per batch pass
+    assert 0.5 * out["cpu_s"] <= cpu.sum() <= 1.02 * out["cpu_s"], (cpu.sum(), out["cpu_s"])

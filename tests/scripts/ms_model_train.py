@@ -1,10 +1,11 @@
 """MindSpore Model.train (GRAPH mode, CPU) measured by StepscopeCallback; run by the tests.
 
-usage: ms_model_train.py RUN_DIR [--steps N] [--profile A:B] [--custom-cell] [--loss-scale S]
-                          [--dp]
+usage: ms_model_train.py RUN_DIR [--steps N] [--epochs E] [--profile A:B] [--custom-cell]
+                          [--loss-scale S] [--dp]
 
 Prints one JSON line: the step windows this script timed itself (epoch seconds, from a
-separate callback registered before stepscope's), for the tests to compare with.
+separate callback registered before stepscope's) and the process CPU seconds
+(``time.process_time``) spent inside ``Model.train``, for the tests to compare with.
 --custom-cell trains through a hand-written training cell that returns the logits instead
 of the loss (the field report's failure mode). --dp: data parallel under msrun (the
 gradient all-reduce runs inside the compiled graph), cross-rank gather every 2 steps.
@@ -102,6 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--profile", default="")
     ap.add_argument("--custom-cell", action="store_true")
     ap.add_argument("--loss-scale", type=float, default=0.0)
@@ -135,8 +137,9 @@ def main() -> None:
     cb = StepscopeCallback(a.run_dir, profile_steps=prof,  # type: ignore[arg-type]
                            cross_rank_every=2 if a.dp else 0,
                            meta={"baseline": {"seq_len": SEQ, "vocab_size": VOCAB}})
-    model.train(1, data, callbacks=[windows, cb], dataset_sink_mode=False)
-    print(json.dumps({"windows": windows.rows}))
+    cpu0 = time.process_time()
+    model.train(a.epochs, data, callbacks=[windows, cb], dataset_sink_mode=False)
+    print(json.dumps({"windows": windows.rows, "cpu_s": time.process_time() - cpu0}))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ def _plain(plain: dict[str, ScriptRun], tmp: pytest.TempPathFactory, mode: str) 
     ("pynative", "optimizer", "pynative"),
     ("jit", "jit step", "pynative+jit"),
     ("cell", "train cell", "pynative"),
+    ("graphcell", "graph cell", "graph"),
 ])
 def test_tutorial_script_records_its_own_losses(plain: dict[str, ScriptRun],
                                                 tmp_path_factory: pytest.TempPathFactory,
@@ -128,6 +129,25 @@ def test_mixed_precision_loop_records_the_scale_each_step_ran_with(tmp_path: Pat
     [f] = [f for f in run.report["findings"] if f["rule"] == "health.overflow"]
     assert f["message"].startswith("7 of 10 updates skipped")
     assert not any("no upper bound" in m for m in run.findings("warning", "info"))
+
+
+def test_pynative_amp_loop_that_skips_the_update_still_closes_each_step(
+        tmp_path: Path) -> None:
+    """Without @jit, a step whose gradients overflow never calls optimizer(grads): the
+    step is closed when the next one starts (the scale fell), its update counted skipped."""
+    inf = [1, 2, 5]
+    run = _run(tmp_path, "amp-pynative", "--steps", "8", "--inf-steps",
+               ",".join(map(str, inf)))
+    assert run.proc.returncode == 0, run.proc.stderr[-2000:]
+    assert run.column("step") == list(range(8))
+    assert run.column("loss") == [s["loss"] for s in run.steps]
+    assert run.column("loss_scale") == [s["scale"] for s in run.steps]
+    assert run.column("overflow") == [float(s["skipped"]) for s in run.steps]
+    meta = RunDir(run.out).read_meta()
+    assert meta.config["step_boundary"] == "optimizer + skipped update"
+    assert meta.baseline["execution_mode"] == "pynative"
+    [f] = [f for f in run.report["findings"] if f["rule"] == "health.overflow"]
+    assert f["message"].startswith("3 of 8 updates skipped")
 
 
 def test_loss_scale_manager_that_disagrees_with_the_optimizer_is_a_finding(

@@ -2,7 +2,8 @@
 stepscope: ``Model.train`` with LossMonitor/TimeMonitor, a PyNative loop on
 ``value_and_grad``, the same loop with an ``@jit`` step, or a ``TrainOneStepCell`` loop.
 
-usage: ms_quickstart_style.py {model|pynative|jit|cell|amp|noboundary} [--steps N]
+usage: ms_quickstart_style.py {model|pynative|jit|cell|graphcell|amp|amp-pynative|noboundary}
+       [--steps N]
        [--crash-at K] [--diverge] [--inf-steps I,J,..] [--manager fixed|dynamic]
        [--opt-scale L] [--dp]
 
@@ -15,6 +16,10 @@ classes, batch 16). The script prints its own numbers as ``SS step i=.. loss=..`
 that skips the update when the gradients are not finite and returns only the loss);
 ``--inf-steps`` puts an inf into those steps' images (their gradients overflow); the script
 prints the scale it read before each step and whether it knew the step would skip.
+``amp-pynative``: the same loop without ``@jit`` (a skipped step never calls the optimizer).
+``graphcell``: GRAPH mode, a custom loop calling a hand-written ``nn.Cell`` whose
+``construct`` runs ``value_and_grad`` and the optimizer (neither a TrainOneStepCell nor
+``@jit``).
 ``--manager``: Model.train with a FixedLossScaleManager(1024, drop_overflow_update=False)
 or a DynamicLossScaleManager, the optimizer built with ``loss_scale=--opt-scale``.
 ``--dp``: data parallel under ``msrun`` (``init()``, DATA_PARALLEL context).
@@ -74,7 +79,8 @@ class PrintLoss(Callback):  # type: ignore[misc]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["model", "pynative", "jit", "cell", "amp", "noboundary"])
+    ap.add_argument("mode", choices=["model", "pynative", "jit", "cell", "graphcell", "amp",
+                                     "amp-pynative", "noboundary"])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--crash-at", type=int, default=-1)
     ap.add_argument("--diverge", action="store_true")
@@ -91,7 +97,7 @@ def main() -> None:
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
                                      gradients_mean=True)
     ms.set_seed(1)
-    if a.mode == "model":
+    if a.mode in ("model", "graphcell"):
         ms.set_context(mode=ms.GRAPH_MODE)
     lr = 1e-2 * (400.0 if a.diverge else 1.0)
     model = Network()
@@ -100,8 +106,14 @@ def main() -> None:
                        loss_scale=a.opt_scale if a.manager else 1.0)
     inf_steps = {int(v) for v in a.inf_steps.split(",") if v}
     data = datapipe(a.steps)
-    if a.mode == "amp":
-        return amp_loop(model, loss_fn, optimizer, data, inf_steps)
+    if a.mode in ("amp", "amp-pynative"):
+        return amp_loop(model, loss_fn, optimizer, data, inf_steps, jit=a.mode == "amp")
+    if a.mode == "graphcell":
+        train_cell = TrainCell(model, loss_fn, optimizer)
+        for i, (x, y) in enumerate(data.create_tuple_iterator()):
+            loss = train_cell(x, y)
+            print(f"SS step i={i} loss={float(loss.asnumpy())!r}", flush=True)
+        return
     if a.mode == "model":
         kw = {}
         if a.manager:
@@ -146,8 +158,25 @@ def main() -> None:
         print(f"SS step i={i} loss={value!r}", flush=True)
 
 
+class TrainCell(nn.Cell):
+    """A hand-written training step: value_and_grad and the update in one construct."""
+
+    def __init__(self, net: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer) -> None:
+        super().__init__()
+        self.net, self.loss_fn, self.optimizer = net, loss_fn, optimizer
+        self.grad_fn = ms.value_and_grad(self.forward, None, optimizer.parameters)
+
+    def forward(self, x: ms.Tensor, y: ms.Tensor) -> ms.Tensor:
+        return self.loss_fn(self.net(x), y)
+
+    def construct(self, x: ms.Tensor, y: ms.Tensor) -> ms.Tensor:
+        loss, grads = self.grad_fn(x, y)
+        self.optimizer(grads)
+        return loss
+
+
 def amp_loop(model: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, data: ds.Dataset,
-             inf_steps: set[int]) -> None:
+             inf_steps: set[int], jit: bool = True) -> None:
     loss_scaler = amp.DynamicLossScaler(scale_value=2.0**10, scale_factor=2, scale_window=50)
 
     def forward_fn(data, label):  # type: ignore[no-untyped-def]
@@ -157,7 +186,6 @@ def amp_loop(model: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, data: ds
 
     grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters, has_aux=True)
 
-    @ms.jit  # type: ignore[misc]
     def train_step(data, label):  # type: ignore[no-untyped-def]
         (loss, _), grads = grad_fn(data, label)
         loss = loss_scaler.unscale(loss)
@@ -167,6 +195,9 @@ def amp_loop(model: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, data: ds
             optimizer(grads)
         loss_scaler.adjust(is_finite)
         return loss
+
+    if jit:
+        train_step = ms.jit(train_step)
 
     model.set_train()
     for i, (x, y) in enumerate(data.create_tuple_iterator()):

@@ -7,10 +7,12 @@ MindSpore and then calls :func:`install`, which patches, in this process only:
 * ``Model.train``: a :class:`.callback.StepscopeCallback` is added to the callbacks (one per
   process, kept across ``Model.train`` calls; a script's own StepscopeCallback wins);
 * custom loops (:mod:`.loopstate` says how a boundary is chosen): ``nn.Optimizer`` and
-  ``nn.TrainOneStepCell`` calls, functions made by ``mindspore.jit`` (a compiled train
+  ``nn.TrainOneStepCell`` calls, GRAPH-mode calls of a cell holding an optimizer
+  (``nn.Cell.compile_and_run``), functions made by ``mindspore.jit`` (a compiled train
   step when the function refers to an optimizer), functions made by
-  ``mindspore.value_and_grad`` (loss, gradients, ``forward_backward_s``), and dataset
-  iterators' ``__next__`` (``data_wait_s``);
+  ``mindspore.value_and_grad`` (loss, gradients, ``forward_backward_s``; the function is
+  run once more after the first step to count its FLOPs, :mod:`.autoflops`), and
+  dataset iterators' ``__next__`` (``data_wait_s``);
 * ``sys.excepthook``, SIGTERM and ``atexit``: the records close ``failed`` with the
   exception, or ``finished``. A process that imported MindSpore and recorded no step leaves
   an ``attach_failed`` event, and ``stepscope run`` exits non-zero naming what it looked for.
@@ -69,6 +71,7 @@ def install(settings: Settings) -> LoopState:
     _STATE = st
     _patch_model_train(st)
     _patch_boundaries(st)
+    _patch_graph_cells(st)
     _patch_value_and_grad(st)
     _patch_jit(st)
     _patch_dataset(st)
@@ -119,6 +122,9 @@ def close(st: LoopState, status: str, error: str | None) -> None:
     st.closed = True
     try:
         recorded = False
+        st.close_skipped(st.clock())  # a last step whose update was skipped
+        for cb in _CALLBACK:
+            cb.flush()  # its pending steps (recorded in batches) first
         for core in [st.session] + [cb.core for cb in _CALLBACK]:
             if core is None:
                 continue
@@ -220,6 +226,28 @@ def _timed_boundary(st: LoopState, kind: str, orig: Any, parts: Any) -> Any:
     return call
 
 
+def _patch_graph_cells(st: LoopState) -> None:
+    """GRAPH mode: a top-level ``nn.Cell`` call that compiles and runs a cell holding an
+    optimizer (a custom train step: value_and_grad + optimizer in its construct) is a
+    step boundary. ``compile_and_run`` is only reached in GRAPH mode, once per call of the
+    outermost cell (the cells inside are compiled into its graph), so PyNative loops pay
+    nothing for this patch."""
+    orig = nn.Cell.compile_and_run
+    holds: dict[int, Any] = {}  # id(cell) -> its optimizer, or None (classified once)
+    timed = _timed_boundary(st, "graph cell", orig, lambda c: (holds.get(id(c)), None))
+
+    def compile_and_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        key = id(self)
+        if key not in holds:
+            holds[key] = next((c for _, c in self.cells_and_names()
+                               if isinstance(c, nn.Optimizer)), None)
+        if holds[key] is None or isinstance(self, nn.Optimizer):
+            return orig(self, *args, **kwargs)
+        return timed(self, *args, **kwargs)
+
+    nn.Cell.compile_and_run = compile_and_run
+
+
 def _patch_boundaries(st: LoopState) -> None:
     nn.Optimizer.__call__ = _timed_boundary(st, "optimizer", nn.Cell.__call__,
                                             lambda o: (o, None))
@@ -247,6 +275,8 @@ def _patch_value_and_grad(st: LoopState) -> None:
             if st.sync is not None and st.sync_step():
                 st.sync()
             _guard(st, "value_and_grad hook", st.forward_backward, out, args, clock() - t0)
+            if st.flop_call is None and a and not kwargs:  # counted after the first step
+                st.flop_call = (a[0], args)
             return out
 
         timed._stepscope_vag = True  # type: ignore[attr-defined]

@@ -91,6 +91,12 @@ class LrReader:
         except Exception:  # unusual layouts: fall back to the optimizer's own get_lr()
             self.const, self.table = math.nan, None
 
+    @property
+    def asks(self) -> bool:
+        """Each read asks the optimizer (a schedule cell): read it before the step, while
+        its global step is still the step's."""
+        return self.const != self.const and self.table is None
+
     def __call__(self, step: int) -> float:
         if self.const == self.const:
             return self.const
@@ -108,11 +114,10 @@ class BatchCounter:
 
     def __call__(self, batch: Any) -> tuple[float, float]:
         first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
-        try:
-            key = tuple(first.shape)
+        try:  # (a MindSpore tensor's shape is a tuple already: hashed as it is)
+            got = self._cache.get(first.shape)
         except (AttributeError, TypeError):
             return batch_counts(batch, self.tokens_per_sample)
-        got = self._cache.get(key)
         if got is None:
-            got = self._cache[key] = batch_counts(batch, self.tokens_per_sample)
+            got = self._cache[first.shape] = batch_counts(batch, self.tokens_per_sample)
         return got

@@ -29,8 +29,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FlopCount", "forward_flops", "flops_fields", "dense_flops", "conv_flops",
-           "attention_flops"]
+__all__ = ["FlopCount", "forward_flops", "count_call", "flops_fields", "dense_flops",
+           "conv_flops", "attention_flops"]
 
 
 def dense_flops(rows: int, cin: int, cout: int) -> int:
@@ -91,6 +91,14 @@ _COUNTED = ("Dense", "Conv1d", "Conv2d", "Conv3d", "MultiheadAttention")
 
 def forward_flops(network: Any, *inputs: Any) -> FlopCount:
     """Count one forward of ``network`` on ``inputs`` (see the module doc)."""
+    return count_call(network, [network], inputs)
+
+
+def count_call(call: Any, roots: list[Any], inputs: tuple[Any, ...]) -> FlopCount:
+    """Count one ``call(*inputs)`` (a network, or a loss function calling networks) with
+    the counted cells of ``roots`` hooked. Every cell of ``roots`` runs in inference mode
+    for the call (no BatchNorm statistics move, no dropout draws) and gets its own mode
+    back after it."""
     import mindspore as ms
 
     count = FlopCount()
@@ -106,20 +114,36 @@ def forward_flops(network: Any, *inputs: Any) -> FlopCount:
                 count.by_type[kind] = count.by_type.get(kind, 0) + n
         return note
 
-    cells = [(n, c) for n, c in network.cells_and_names() if type(c).__name__ in _COUNTED]
-    outer = {n for n, _ in cells}  # a counted cell inside another counted one: skip it
-    for name, cell in cells:
-        if any(name != o and name.startswith(o + ".") for o in outer if o):
-            continue
-        handles.append(cell.register_forward_hook(hook(name)))
+    seen: set[int] = set()
+    every: list[Any] = []  # each cell once, with its training flag and phase
+    for i, root in enumerate(roots):
+        prefix = "" if len(roots) == 1 else f"{i}."
+        cells = [(prefix + n if n else prefix.rstrip(".") or n, c)
+                 for n, c in root.cells_and_names() if id(c) not in seen]
+        seen.update(id(c) for _, c in cells)
+        every.extend(c for _, c in cells)
+        counted = [(n, c) for n, c in cells if type(c).__name__ in _COUNTED]
+        outer = {n for n, _ in counted}  # a counted cell inside another counted one: skip
+        for name, cell in counted:
+            if any(name != o and name.startswith(o + ".") for o in outer if o):
+                continue
+            handles.append(cell.register_forward_hook(hook(name)))
+    modes = [(c, bool(getattr(c, "training", False)), getattr(c, "_phase", None))
+             for c in every]
     try:
+        for c in every:
+            c.add_flags(training=False)
         if mode != ms.PYNATIVE_MODE:
             ms.set_context(mode=ms.PYNATIVE_MODE)
         with ms._no_grad():
-            network(*inputs)
+            call(*inputs)
     finally:
         for h in handles:
             h.remove()
+        for c, training, phase in modes:
+            c.add_flags(training=training)
+            if phase is not None:
+                c._phase = phase
         if mode != ms.PYNATIVE_MODE:
             ms.set_context(mode=mode)
     count.total = sum(count.by_cell.values())

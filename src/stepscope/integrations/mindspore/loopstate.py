@@ -5,7 +5,11 @@ what it held. The boundary is the outermost of (first match wins per call):
 
 * an ``@jit`` function whose code refers to an optimizer (a compiled train step),
 * a ``TrainOneStepCell`` (or subclass) call,
-* an ``nn.Optimizer`` call (the PyNative quick-start loop).
+* in GRAPH mode, a call of an ``nn.Cell`` holding an optimizer (a hand-written train cell),
+* an ``nn.Optimizer`` call (the PyNative quick-start loop),
+* in a loop with an amp loss scaler, the next step's first call after a step whose
+  update was skipped (value_and_grad ran, no optimizer call, the scale fell): that step
+  is recorded as ``skipped update`` with ``overflow`` 1.
 
 Calls nested in a boundary call (the optimizer inside a PyNative TrainOneStepCell) add
 their time, never a second boundary. ``value_and_grad`` results give the loss and the
@@ -33,15 +37,16 @@ from typing import Any
 from ...losscheck import ambiguous_loss, find_loss
 from ...session import StepSession
 from ..torch.settings import Settings
-from .probes import batch_counts, grad_norm, optimizer_lr, to_float
+from .probes import batch_counts, grad_norm, loss_scale, optimizer_lr, to_float
 from .scaling import ScaleWatch
 
 __all__ = ["LoopState", "LOOKED_FOR"]
 
 _NAN = math.nan
 # What the boundary search looks for, named in `stepscope run`'s message when none is found.
-LOOKED_FOR = ("Model.train, an nn.Optimizer call, a TrainOneStepCell call, or an @jit "
-              "function that refers to an optimizer")
+LOOKED_FOR = ("Model.train, an nn.Optimizer call, a TrainOneStepCell call, a GRAPH-mode "
+              "call of an nn.Cell holding an optimizer, an @jit function that refers to an "
+              "optimizer, or a value_and_grad step whose update an amp loss scaler skipped")
 
 
 class LoopState:
@@ -63,6 +68,10 @@ class LoopState:
         self.steps = 0
         self.prev_end = _NAN
         self.scalers: list[Any] = []  # mindspore.amp loss scalers the script made
+        # (value_and_grad's function, its first arguments): FLOPs counted after step 0
+        self.flop_call: tuple[Any, tuple[Any, ...]] | None = None
+        self.flops_done = False
+        self.last_optimizer: Any = None
         self.scale = ScaleWatch()
         self._scale_open = False
         self._reset()
@@ -97,9 +106,25 @@ class LoopState:
     def _activity(self, t0: float) -> None:
         if math.isnan(self.t_first):
             self.t_first = t0
+            if self.scalers and not self._scale_open:  # the scale this step runs with
+                self.scale.begin(None, self.scalers[-1])
+                self._scale_open = True
+
+    def close_skipped(self, at: float) -> None:
+        """The open step ran forward and backward, then skipped ``optimizer(grads)``
+        because its loss scale fell (an amp loop's overflow): it ended at ``at``, the
+        start of the next step's first call. Any other open step stays open."""
+        if self.fb <= 0 or not self._scale_open or self.depth or self.closed:
+            return
+        before = self.scale.before
+        if not loss_scale(self.scale.source) < before:
+            return
+        self.boundary("skipped update", 0.0, end=at, optimizer=self.last_optimizer)
 
     # -- what the patches report -----------------------------------------------------------
     def data_wait(self, batch: Any, seconds: float) -> None:
+        if self.fb > 0 and self._scale_open:
+            self.close_skipped(self.clock() - seconds)
         self._activity(self.clock() - seconds)
         self.wait += seconds
         if self.batch is None:
@@ -108,6 +133,8 @@ class LoopState:
     def forward_backward(self, result: Any, args: tuple[Any, ...], seconds: float,
                          compiled: bool = False) -> None:
         """A ``value_and_grad`` function (or a compiled one calling it) returned."""
+        if self.fb > 0 and self._scale_open:
+            self.close_skipped(self.clock() - seconds)
         self._activity(self.clock() - seconds)
         self.fb += seconds
         self.compiled = self.compiled or compiled
@@ -119,6 +146,11 @@ class LoopState:
             if isinstance(value, tuple) and value:  # has_aux=True: (loss, aux...)
                 value = value[0]
             self.loss, self.what = find_loss(value, to_float)
+            scale = self.scale.before if self._scale_open else _NAN
+            if self.loss is not None and scale == scale and scale > 0:
+                # an amp loss scaler: the differentiated function returns the loss times
+                # the scale (amp tutorial: loss_scaler.scale(loss)); record the loss
+                self.loss /= scale
 
     def enter(self) -> bool:
         """A boundary candidate starts; True when it is the outermost (its loss scale,
@@ -134,11 +166,18 @@ class LoopState:
 
     def boundary(self, kind: str, seconds: float, *, outputs: Any = None,
                  args: tuple[Any, ...] = (), optimizer: Any = None, network: Any = None,
-                 lr: float = _NAN, compiled: bool = False) -> None:
-        """The outermost boundary call ended now: record the step it closes."""
-        end = self.clock()
+                 lr: float = _NAN, compiled: bool = False, end: float = _NAN) -> None:
+        """The outermost boundary call ended now (or at ``end``): record the step it
+        closes."""
+        end = self.clock() if math.isnan(end) else end
         self._activity(end - seconds)
-        self.kinds.add(kind)
+        if optimizer is not None:
+            self.last_optimizer = optimizer  # (a skipped update's LR is its optimizer's)
+        if kind not in self.kinds:
+            self.kinds.add(kind)
+            if self.session is not None and self.session.rank == 0:  # a new kind, once
+                self.session.rec.run.update_meta(
+                    config={"step_boundary": " + ".join(sorted(self.kinds))})
         self.compiled = self.compiled or compiled
         if kind == "optimizer":
             self.opt_s += seconds
@@ -156,9 +195,29 @@ class LoopState:
                                                    "rank": self.session.rank})
         start = self.t_first if math.isnan(self.prev_end) else self.prev_end
         self._emit(start, end, lr, optimizer)
+        if not self.flops_done:
+            self._count_flops()
         if self.sync_step() and self.sync is not None:
             self.sync()  # the next step is synced: it starts with an empty queue
-        self.prev_end = self.clock()  # stepscope's own time is billed by the session
+        # (stepscope's own time is billed by the session)
+        self.prev_end = self.clock() if kind != "skipped update" else end
+
+    def _count_flops(self) -> None:
+        """Once, after the first step: the FLOPs of value_and_grad's function on its first
+        arguments (see :mod:`.autoflops`); without one, the run says why it has no MFU."""
+        self.flops_done = True
+        core = self.session
+        if core is None or core.rank != 0:
+            return
+        from . import autoflops
+
+        if self.flop_call is None:
+            autoflops.note(core, "no value_and_grad function ran outside @jit (the step's "
+                                 "forward was compiled, so its cells' shapes were not seen)")
+            return
+        fn, args = self.flop_call
+        self.flop_call = None
+        autoflops.attach_function(core, fn, args)
 
     def _emit(self, start: float, end: float, lr: float, optimizer: Any) -> None:
         assert self.session is not None

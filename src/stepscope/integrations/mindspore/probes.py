@@ -92,6 +92,34 @@ def peak_flops(dtype: str = "fp32") -> tuple[float | None, str]:
     return float(entry.flops), str(entry.source)
 
 
+def is_compiled(fn: Any) -> bool:
+    """``fn`` runs compiled: made by ``mindspore.jit`` (through any ``functools.wraps``
+    wrappers: its ``__wrapped__`` chain holds MindSpore's jit wrapper, which wraps the
+    user's function and is defined in MindSpore's ``api.py``: ``mindspore/graph/api.py``
+    in 2.10, ``mindspore/common/api.py`` before), or a Cell called in GRAPH_MODE."""
+    if isinstance(fn, ms.nn.Cell):
+        return bool(ms.get_context("mode") == ms.GRAPH_MODE)
+    home = os.path.dirname(os.path.abspath(ms.__file__)) + os.sep
+    seen = 0
+    while fn is not None and seen < 16:
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_filename.startswith(home) and \
+                code.co_filename.endswith("api.py") and hasattr(fn, "__wrapped__"):
+            return True
+        fn, seen = getattr(fn, "__wrapped__", None), seen + 1
+    return False
+
+
+def function_modes(functions: Iterable[Any]) -> dict[str, str]:
+    """``{name: "jit" | "graph" | "pynative"}`` for the step functions given."""
+    graph = ms.get_context("mode") == ms.GRAPH_MODE
+    out: dict[str, str] = {}
+    for f in functions:
+        name = getattr(f, "__name__", None) or type(f).__name__
+        out[str(name)] = "graph" if graph else "jit" if is_compiled(f) else "pynative"
+    return out
+
+
 def execution_mode(compiled: bool | None = None) -> str:
     """How the step runs, for run.json's baseline (``compare`` names a difference):
     ``graph`` (GRAPH_MODE context), ``pynative+jit`` (PyNative, step functions under
