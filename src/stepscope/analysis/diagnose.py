@@ -347,8 +347,9 @@ def _compute_info(table: StepTable, findings: list[Finding],
                   "steps": regimes.steady_regime.name if regimes.steady_regime else None},
         confidence=0.7,
         rule="diagnose.compute",
-        recommendation="Next gains are in the model itself: MFU, kernel fusion, bf16, "
-                       "larger micro-batch (see `stepscope report`)")
+        recommendation="Next gains are in the model itself: kernel fusion, bf16, a larger "
+                       "micro-batch; capture a profile and read its heaviest ops with "
+                       "`stepscope trace DIR`")
 
 
 def diagnose(table: StepTable, meta: RunMeta | None = None,
