@@ -200,11 +200,12 @@ class StepSession:
         if c is not None and self.gather_after_step:
             self.cross_rank()
         if t0 == t0:  # some work of our own ran: bill it, and wait from after it
-            self._own_time(t0)
+            self.own_time(t0)
             self._prev_end = self.clock()
 
-    def _own_time(self, t0: float) -> None:
-        """stepscope's own time from ``t0`` to now: billed to the next row as tool_s."""
+    def own_time(self, t0: float) -> None:
+        """stepscope's own time from ``t0`` (this session's clock) to now: billed to the next
+        row as tool_s, out of its data wait (adapters' own passes call it)."""
         dt = self.clock() - t0
         if dt > 0:
             if math.isnan(self._tool_t0):
@@ -316,7 +317,7 @@ class StepSession:
         self.in_step = True
         if self.capture is not None:
             self.capture.before_step(self.step)  # may start the profiler: own time, in
-            self._own_time(now)  # this step (its tool_s), not in its data wait
+            self.own_time(now)  # this step (its tool_s), not in its data wait
         self._mark = self.clock()
 
     def _safe_sync(self) -> None:

@@ -89,7 +89,7 @@ def _attach(core: StepSession, count: Callable[[], FlopCount], inputs: tuple[Any
     except Exception as exc:  # a count must never stop training
         return note(core, f"{type(exc).__name__}: {str(exc)[:160]}")
     finally:
-        core._own_time(t0)  # stepscope's time: the next row's tool_s
+        core.own_time(t0)  # stepscope's time: the next row's tool_s
 
 
 def note(core: StepSession, why: str) -> str:

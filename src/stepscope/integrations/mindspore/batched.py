@@ -103,7 +103,7 @@ class StepBatch:
             prev = end
         if self.feed is not None:
             self.feed.value = None
-        core._own_time(t0)  # the pass is stepscope's time: the next row's tool_s
+        core.own_time(t0)  # the pass is stepscope's time: the next row's tool_s
         self.prev_end = self.clock()
 
     def _usage_shares(self, rows: list[tuple[Any, ...]]) -> list[Usage]:
