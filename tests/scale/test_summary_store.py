@@ -198,3 +198,19 @@ def test_index_reads_the_stored_sheet_and_recomputes_a_changed_run(
         _append_step(a, r, _STEPS)
     steps = {r["path"]: r["steps"] for r in rows(tmp_path / "i4.sqlite")}
     assert steps == {"a": _STEPS + 1, "b": _STEPS}
+
+
+def test_the_commands_own_outputs_are_not_inputs(runs: tuple[Path, Path]) -> None:
+    """report.html, .cache/ and hidden files (temporary files) leave the state as it was;
+    any other file of the run directory changes it."""
+    a, _ = runs
+    key = Stored([a], "unit", {}).key
+    assert key is not None
+    (a / "report.html").write_text("<html></html>")
+    (a / ".cache" / "steps").mkdir(parents=True, exist_ok=True)
+    (a / ".cache" / "steps" / "x.npy").write_bytes(b"0")
+    (a / ".report.html.123.tmp").write_text("partial")
+    assert Stored([a], "unit", {}).key == key
+    (a / "conditions").mkdir(exist_ok=True)
+    (a / "conditions" / "rank-00000.jsonl").write_text("{}\n")
+    assert Stored([a], "unit", {}).key != key
