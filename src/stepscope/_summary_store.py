@@ -6,11 +6,12 @@ again. What those commands compute from a run (the sheet and its per-rank lines,
 findings, the rendered page with its per-window series, a comparison) is data: it is kept
 as JSON under ``RUN/.cache/summary/``, one file per command and parameters, keyed by
 
-* the identity (inode, size, mtime) of every file of the run directory (run.json, steps/,
-  events.jsonl, conditions, profiles; not ``.cache/``, ``report.html`` or hidden files,
-  which the commands write themselves), the rule the step cache and ``index`` use;
-* a digest of stepscope's own source and of the numpy and Python versions (a changed rule
-  or median is recomputed, never served stale);
+* every file of the run directory (run.json, steps/, events.jsonl, conditions, profiles;
+  not ``.cache/``, ``report.html`` or hidden files, which the commands write themselves):
+  a file up to 64 KiB by its content, a larger one by inode, size and mtime (the rule the
+  step cache and ``index`` use);
+* a digest of stepscope's own source files (names, sizes, mtimes) and of the numpy and
+  Python versions (a changed rule or median is recomputed, never served stale);
 * the command's parameters.
 
 Like the step cache it is never the source of truth: a missing, stale, corrupt or foreign
@@ -49,25 +50,30 @@ _FORMAT = "stepscope-summary-1"
 # Written by the commands themselves: never an input of an analysis.
 _OUTPUTS = frozenset({".cache", "report.html"})
 _DUMP = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+# Files up to this size are identified by their content, larger ones by their stat.
+_SMALL_FILE = 64 << 10
 
 
 @functools.cache
 def code_digest() -> str:
-    """Digest of stepscope's source files and the numeric stack's versions."""
+    """Digest of stepscope's source files (name, size, mtime: an edit or another install
+    changes it; stat, not read: a warm command must not re-read the sources it imported)
+    and the numeric stack's versions."""
     h = hashlib.sha1(f"{np.__version__}|{sys.version}".encode())
     root = Path(__file__).parent
     for p in sorted(root.rglob("*.py")):
-        h.update(p.relative_to(root).as_posix().encode() + b"\0")
         try:
-            h.update(p.read_bytes())
+            st = p.stat()
+            mark = f"{st.st_size}:{st.st_mtime_ns}"
         except OSError:
-            h.update(b"?")
+            mark = "?"
+        h.update(f"{p.relative_to(root).as_posix()}\0{mark}\0".encode())
     return h.hexdigest()
 
 
 def run_files_identity(path: Path) -> list[list[Any]] | None:
-    """``[relative path, inode, size, mtime_ns]`` of every input file of a run directory,
-    in a fixed order; None when it cannot be listed."""
+    """``[relative path, *identity]`` of every input file of a run directory, in a fixed
+    order; None when it cannot be listed."""
     out: list[list[Any]] = []
     try:
         for dirpath, dirnames, filenames in os.walk(path, onerror=_raise):
@@ -78,11 +84,21 @@ def run_files_identity(path: Path) -> list[list[Any]] | None:
             for name in sorted(filenames):
                 if top and (name in _OUTPUTS or name.startswith(".")):
                     continue
-                st = os.stat(os.path.join(dirpath, name))
-                out.append([f"{rel}/{name}", st.st_ino, st.st_size, st.st_mtime_ns])
+                out.append([f"{rel}/{name}", *_identity(os.path.join(dirpath, name))])
     except OSError:
         return None
     return out
+
+
+def _identity(path: str) -> list[Any]:
+    """A small file by its content (run.json, a short events file: rewritten in place
+    within one timestamp tick at the same size, it still differs); a larger one (step and
+    condition files, appended) by inode, size and mtime, without reading it."""
+    st = os.stat(path)
+    if st.st_size > _SMALL_FILE:
+        return [st.st_ino, st.st_size, st.st_mtime_ns]
+    with open(path, "rb") as f:
+        return [st.st_size, hashlib.sha1(f.read(_SMALL_FILE + 1)).hexdigest()]
 
 
 def _raise(exc: OSError) -> None:

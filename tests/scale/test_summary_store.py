@@ -214,3 +214,19 @@ def test_the_commands_own_outputs_are_not_inputs(runs: tuple[Path, Path]) -> Non
     (a / "conditions").mkdir(exist_ok=True)
     (a / "conditions" / "rank-00000.jsonl").write_text("{}\n")
     assert Stored([a], "unit", {}).key != key
+
+
+def test_a_small_file_rewritten_in_place_at_the_same_size_is_a_change(
+        runs: tuple[Path, Path]) -> None:
+    """Within one timestamp tick an in-place rewrite can keep size and mtime: small files
+    (run.json, events, conditions) are told apart by their content."""
+    a, _ = runs
+    events = a / "events.jsonl"
+    events.write_bytes(b'{"type": "note", "v": "aaaa"}\n')
+    key = Stored([a], "unit", {}).key
+    st = events.stat()
+    with open(events, "r+b") as f:
+        f.write(b'{"type": "note", "v": "bbbb"}\n')
+    os.utime(events, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert events.stat().st_size == st.st_size and events.stat().st_mtime_ns == st.st_mtime_ns
+    assert Stored([a], "unit", {}).key != key
