@@ -38,6 +38,7 @@ import numpy as np
 import orjson
 
 from ._steps_decode import VALUE_RULES, Block, ReadStats, concat_blocks, decode_steps
+from ._steps_lazy import CachedColumns, Part, open_part
 
 __all__ = ["load_rank_file", "uncached_bytes", "load_cached_run", "covered", "CACHE_FORMAT"]
 
@@ -241,44 +242,43 @@ def covered(path: Path, cache_dir: Path) -> bool:
 
 
 def load_cached_run(files: list[Path], cache_dir: Path
-                    ) -> tuple[Block, list[ReadStats]] | None:
-    """All of ``files`` from their cache segments, stacked, when every file is wholly
-    cached (else None: the caller reads the usual way), with each file's stats.
+                    ) -> tuple[CachedColumns, list[ReadStats]] | None:
+    """All of ``files`` from their cache segments, when every file is wholly cached (else
+    None: the caller reads the usual way), with each file's stats.
 
-    Each segment is mapped and copied once, straight into the run's columns: no per-rank
-    copy is made and freed (at 10 million rows those freed chunks stay resident, ~2x the
-    table in peak memory). Duplicates are not merged here: the caller checks the order.
+    Only the segments' headers are read here, and each segment file is kept open: a
+    column is read from all of them when first used (``_steps_lazy``), straight into the
+    run's array, so the columns a command never reads cost nothing. Duplicates are not
+    merged here: the caller checks the order.
     """
     ms = [_whole(f, cache_dir) for f in files]
     if not ms or any(m is None for m in ms):
         return None
     manifests = [m for m in ms if m is not None]
     segs = [s for m in manifests for s in m.segments]
+    parts: list[Part] = []
     try:
         n = sum(int(s["rows"]) for s in segs)
         names = list(dict.fromkeys(str(c) for s in segs for c in s["columns"]))
-        cols = {c: np.empty(n) for c in names}
         flags: dict[str, np.ndarray[Any, Any]] = {}
         at = 0
         for s in segs:
             rows, seg_cols = int(s["rows"]), [str(c) for c in s["columns"]]
-            mat = np.load(cache_dir / s["file"], allow_pickle=False, mmap_mode="r")
-            if mat.dtype != np.float64 or mat.shape != (len(seg_cols), rows):
-                return None
-            for c, row in zip(seg_cols, mat, strict=True):
-                cols[c][at:at + rows] = row
-            for c in set(names) - set(seg_cols):
-                cols[c][at:at + rows] = np.nan
+            part = open_part(cache_dir / s["file"], seg_cols, rows, at)
+            if part is None:
+                raise ValueError(f"segment {s['file']} does not match its manifest")
+            parts.append(part)
             if s["flags"]:
                 fmat = np.load(cache_dir / s["flags"], allow_pickle=False)
-                if fmat.dtype != np.bool_ or fmat.shape != mat.shape:
-                    return None
+                if fmat.dtype != np.bool_ or fmat.shape != (len(seg_cols), rows):
+                    raise ValueError(f"flags {s['flags']} do not match the segment")
                 for c, f in zip(seg_cols, fmat, strict=True):
                     if f.any():
                         flags.setdefault(c, np.zeros(n, dtype=bool))[at:at + rows] = f
-            del mat
             at += rows
     except (OSError, ValueError, KeyError, TypeError, EOFError):
+        for p in parts:
+            os.close(p.fd)
         return None
     stats = []
     for m in manifests:
@@ -286,7 +286,7 @@ def load_cached_run(files: list[Path], cache_dir: Path
         s_.merge(ReadStats.from_dict(m.stats))
         s_.records = sum(int(s["rows"]) for s in m.segments)
         stats.append(s_)
-    return Block(n, cols, flags), stats
+    return CachedColumns(n, names, parts, flags), stats
 
 
 def load_rank_file(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats]:

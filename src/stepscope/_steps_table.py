@@ -26,6 +26,7 @@ import numpy as np
 from ._fastnp import is_ordered
 from ._steps_cache import covered, load_cached_run, load_rank_file, uncached_bytes
 from ._steps_decode import Block, ReadStats, concat_blocks
+from ._steps_lazy import deferred_table
 from .schema import STEP_COLUMN_NAMES, AnyArray, StepTable
 
 __all__ = ["read_step_files", "merge_duplicates", "block_to_table"]
@@ -129,19 +130,25 @@ def _read_to_cache(path: Path, cache_dir: Path | None) -> tuple[Block | None, Re
 
 
 def _from_cache(files: Sequence[Path], cache_dir: Path | None
-                ) -> tuple[Block, list[ReadStats]] | None:
+                ) -> tuple[StepTable, list[ReadStats]] | None:
     """The run from its cache alone, when it holds every file whole and the rows are
-    strictly in (rank, step) order (then no rank has a repeated step to merge)."""
+    strictly in (rank, step) order (then no rank has a repeated step to merge): a table
+    whose columns are read from the cache when first used (``_steps_lazy``)."""
     if cache_dir is None or not files:
         return None
     got = load_cached_run(list(files), cache_dir)
-    if got is None or not is_ordered(got[0].cols["rank"], got[0].cols["step"], strict=True):
+    if got is None:
         return None
-    return got
+    src, stats = got
+    rank, step = src.column("rank"), src.column("step")
+    if not is_ordered(rank, step, strict=True):
+        src.close()
+        return None
+    return deferred_table(src, {"rank": rank, "step": step}), stats
 
 
 def _read_all(files: Sequence[Path], cache_dir: Path | None, processes: int | None
-              ) -> list[tuple[Block, ReadStats]]:
+              ) -> list[tuple[Block, ReadStats]] | tuple[StepTable, list[ReadStats]]:
     workers = min(len(files), processes or os.cpu_count() or 1)
     # Only bytes to decode pay for processes: cached columns load faster here than they
     # could be pickled back from a worker.
@@ -158,8 +165,8 @@ def _read_all(files: Sequence[Path], cache_dir: Path | None, processes: int | No
     if all(b is not None for b in blocks):
         return [(b, s) for b, s in got if b is not None]
     whole = _from_cache(files, cache_dir) if all(b is None for b in blocks) else None
-    if whole is not None:  # one block for the run, the stats of each file
-        return [(whole[0], whole[1][0])] + [(Block(0, {}), s) for s in whole[1][1:]]
+    if whole is not None:  # the run's table, the stats of each file
+        return whole
     # Some files changed while read, or mixed results: read the rest here, as usual.
     return [(b, s) if b is not None else _read_one(f, cache_dir)
             for f, (b, s) in zip(files, got, strict=True)]
@@ -174,11 +181,11 @@ def read_step_files(files: Sequence[Path], cache_dir: Path | None = None,
     """
     stats = ReadStats()
     whole = _from_cache(files, cache_dir)
-    if whole is not None:
-        for s in whole[1]:
+    parts = _read_all(files, cache_dir, processes) if whole is None else whole
+    if isinstance(parts, tuple):  # the whole run from its cache
+        for s in parts[1]:
             stats.merge(s)
-        return block_to_table(whole[0]), stats
-    parts = _read_all(files, cache_dir, processes)
+        return parts[0], stats
     for _, s in parts:
         stats.merge(s)
     several = len(parts) > 1

@@ -29,11 +29,12 @@ from typing import Any
 
 import orjson
 
+from ._summary_store import Stored
 from .analysis.compare.quality import latest_evals
-from .analysis.summary import summarize
+from .analysis.summary import Sheet, summarize
 from .engine import map_items
 from .errors import ConfigError, RunDirError, StepscopeError
-from .schema import BASELINE_FIELDS
+from .schema import BASELINE_FIELDS, RunMeta
 from .store import RunDir, is_run_dir, utc_stamp
 
 __all__ = [
@@ -120,14 +121,26 @@ def _scalar(value: Any) -> Any:
     return orjson.dumps(value, default=str).decode()
 
 
-def _read_row(run: RunDir, rel: str, signature: str) -> dict[str, Any]:
-    meta = run.read_meta()
+def _sheet(run: RunDir, meta: RunMeta) -> Sheet:
+    """The run's sheet: from its summary store while its files are unchanged since the
+    sheet was made (``_summary_store``), else summarised from the records (and stored)."""
+    entry = Stored([run.path], "sheet", {})
+    doc = entry.get()
+    if doc is not None:
+        return Sheet.from_dict(doc)
     table, stats = run.read_steps()
     if not len(table):
         raise RunDirError(f"no step records yet ({stats.files} step files, "
                           f"{stats.skipped} corrupt records)")
     sheet = summarize(table, meta, skipped_records=stats.skipped,
                       conditions=run.read_conditions())
+    entry.put(sheet.to_dict())
+    return sheet
+
+
+def _read_row(run: RunDir, rel: str, signature: str) -> dict[str, Any]:
+    meta = run.read_meta()
+    sheet = _sheet(run, meta)
     env = meta.environment
     row: dict[str, Any] = {
         "path": rel, "run_id": meta.run_id, "name": meta.name or meta.run_id,

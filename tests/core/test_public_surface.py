@@ -205,7 +205,8 @@ CLI = {
     'scaling': ('--allow-multi', '--json', '--markdown'),
     'serve': ('--host', '--port'),
     'trace': (),
-    'trace diff': ('--by', '--hta-compatible', '--json', '--steps', '--top'),
+    'trace diff': ('--by', '--engine', '--hta-compatible', '--json', '--scheduler', '--steps',
+                   '--top'),
     'trace show': ('--engine', '--hta-compatible', '--json', '--scheduler', '--steps', '--top'),
     'watch': ('--alerts', '--json', '--poll', '--stall-after'),
 }

@@ -69,6 +69,20 @@ def test_trace_engine_dask_equals_local(tmp_path: Path, scheduler: str) -> None:
     assert dask == local and sorted(local["ranks"]) == ["0", "1", "2", "3"]
 
 
+def test_trace_diff_engine_dask_equals_local(tmp_path: Path, scheduler: str) -> None:
+    for side, slow in (("a", 1.0), ("b", 1.5)):
+        (tmp_path / side).mkdir()
+        for rank in range(3):
+            events = [thread_name(2, "pt_gloo_runloop")]
+            for k in range(3):
+                events += cpu_step_events(offset=100.0 * k * slow + rank, step=k + 1)
+            write_trace(tmp_path / side / f"rank{rank}.pt.trace.json", events, rank=rank)
+    args = ("trace", "diff", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    local = _invoke(*args)
+    dask = _invoke(*args, "--engine", "dask", "--scheduler", scheduler)
+    assert dask == local and local["a"] == str(tmp_path / "a")
+
+
 def _runs(root: Path, n: int) -> None:
     for i in range(n):
         rec = Recorder(root / f"run-{i}", rank=0, background=False,

@@ -58,6 +58,15 @@ class Diagnosis:
         return {"bottleneck": self.bottleneck,
                 "findings": [f.to_dict() for f in self.findings]}
 
+    def to_stored(self) -> dict[str, Any]:
+        """Everything, advice included (``from_stored`` reads it back)."""
+        return {**self.to_dict(), "advice": [a.to_dict() for a in self.advice]}
+
+    @classmethod
+    def from_stored(cls, d: Mapping[str, Any]) -> Diagnosis:
+        return cls(d["bottleneck"], [Finding.from_dict(f) for f in d["findings"]],
+                   [Advice(**a) for a in d["advice"]])
+
     def top(self, n: int = 5, min_severity: str = "info") -> list[Finding]:
         limit = severity_rank(min_severity)
         return [f for f in self.findings if severity_rank(f.severity) <= limit][:n]

@@ -55,3 +55,9 @@ class Finding:
             "confidence": self.confidence,
             "rule": self.rule,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
+        """The finding of ``to_dict`` (e.g. as stored with the run's cache)."""
+        steps = d.get("steps")
+        return cls(**{**d, "steps": tuple(steps) if steps is not None else None})

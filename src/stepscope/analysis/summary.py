@@ -205,6 +205,11 @@ class Sheet:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Sheet:
+        """The sheet of ``to_dict`` (e.g. as stored with the run's cache)."""
+        return cls(**{**d, "per_rank": [RankLine(**r) for r in d["per_rank"]]})
+
 
 def _share(table: StepTable, col: str, denom: float) -> float | None:
     if not table.has_data(col) or denom <= 0:

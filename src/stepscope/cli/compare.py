@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from .._summary_store import Stored
 from ..analysis.compare.quality import eval_record
 from ..analysis.compare.runs import Comparison, compare_runs, diff_fingerprints
 from ..analysis.compare.scaling import scaling
@@ -56,6 +57,14 @@ def load_for_compare(path: str | Path) -> tuple[StepTable, RunMeta, list[dict[st
 def compare_cmd(ctx: click.Context, run_a: str, run_b: str, as_json: bool, markdown: bool,
                 allow_multi: bool, seed: int, repeats: tuple[str, ...]) -> None:
     """Compare RUN_B against the baseline RUN_A: one variable, two ledgers, one verdict."""
+    # The --json document of the same runs, unchanged since, from RUN_A's summary store.
+    entry = _stored_comparison(run_a, run_b, repeats, seed) if as_json else None
+    doc = entry.get() if entry is not None else None
+    if doc is not None:
+        emit_json(doc)
+        if doc["verdict"] == "invalid" and not allow_multi:
+            ctx.exit(EXIT_INVALID)
+        return
     ta, ma, ea = load_for_compare(run_a)
     tb, mb, eb = load_for_compare(run_b)
     reps = [load_for_compare(r)[:2] for r in repeats]
@@ -67,8 +76,22 @@ def compare_cmd(ctx: click.Context, run_a: str, run_b: str, as_json: bool, markd
                           conditions=(RunDir(run_a).read_conditions(),
                                       RunDir(run_b).read_conditions()))
     _emit_comparison(result, as_json, markdown)
+    if entry is not None:
+        entry.put(result.to_dict())
     if result.verdict == "invalid" and not allow_multi:
         ctx.exit(EXIT_INVALID)
+
+
+def _stored_comparison(run_a: str, run_b: str, repeats: tuple[str, ...], seed: int
+                       ) -> Stored | None:
+    paths = [Path(p) for p in (run_a, run_b, *repeats)]
+    if not all(p.is_dir() for p in paths):
+        return None  # bad input: the usual path says why
+    try:
+        who = [str(p.resolve()) for p in paths]
+    except OSError:
+        return None
+    return Stored(paths, "compare", {"runs": who[1:], "seed": seed})
 
 
 def _emit_comparison(result: Comparison, as_json: bool, markdown: bool) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from .._summary_store import Stored
 from ..analysis.diagnose import Diagnosis, diagnose, records_lost
 from ..analysis.isolation import (
     ISOLATION_EVENT,
@@ -29,7 +30,7 @@ from ..analysis.isolation import (
 )
 from ..errors import StepscopeError
 from ..schema import StepTable
-from ..store import RunDir, utc_stamp
+from ..store import ReadStats, RunDir, utc_stamp
 from . import cli
 from .common import emit_json, load_steps, no_records_error, note_event_problems
 
@@ -77,7 +78,36 @@ def _render(d: Diagnosis, run: Path, lost: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     """Ranked findings, the bottleneck and the next experiment for run directory RUN."""
-    loaded = load_steps(run, require=False)
+    rd = RunDir.open(run)
+    meta = rd.read_meta()
+    # A running run's silence is measured against the clock, and --trace is read from
+    # outside RUN: neither is kept in the run's summary store.
+    entry = Stored([rd.path], "diagnose", {}) if trace is None and meta.status != "running" \
+        else None
+    doc = entry.get() if entry is not None else None
+    if doc is not None:
+        d, stats = Diagnosis.from_stored(doc["diagnosis"]), ReadStats.from_dict(doc["stats"])
+        events, ev_stats = rd.read_events()
+        note_event_problems(ev_stats)
+        if doc["note"]:
+            click.echo(doc["note"], err=True)
+    else:
+        d, stats, events, note = _diagnose(rd, trace)
+        if entry is not None:
+            entry.put({"diagnosis": d.to_stored(), "stats": stats.to_dict(), "note": note})
+    if as_json:
+        emit_json({**d.to_dict(), "read": {**stats.to_dict(),
+                                           "meta_problems": rd.meta_problems}})
+    else:
+        _render(d, run, records_lost(meta, events)[0])
+        if stats.summary():
+            click.echo(stats.summary())
+
+
+def _diagnose(rd: RunDir, trace: Path | None
+              ) -> tuple[Diagnosis, ReadStats, list[dict[str, Any]], str | None]:
+    """(diagnosis, read counts, events, the note printed on stderr) of the run's records."""
+    loaded = load_steps(rd.path, require=False)
     rd, meta, table, stats = loaded.run, loaded.meta, loaded.table, loaded.stats
     # A live run that has not stepped yet is diagnosed (a stall at start-up); a finished
     # one, or one whose records are all unreadable, has nothing to diagnose: exit 2.
@@ -85,7 +115,7 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
         raise no_records_error(rd, loaded.stats)
     events, ev_stats = rd.read_events()
     note_event_problems(ev_stats)
-    report = None
+    report, note = None, None
     if trace is not None:
         if not trace.exists():
             raise StepscopeError(f"--trace {trace} does not exist; pass a trace file or "
@@ -95,18 +125,13 @@ def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
         try:
             report = _trace_report(rd.profile_dirs()[-1])
         except StepscopeError as exc:
-            click.echo(f"stepscope: note: archived profile skipped: {exc}", err=True)
+            note = f"stepscope: note: archived profile skipped: {exc}"
+            click.echo(note, err=True)
     # The CLI is the edge that reads the clock: a running run's silence is a live stall.
     now = time.time() if meta.status == "running" else None
     d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now,
                  conditions=rd.read_conditions())
-    if as_json:
-        emit_json({**d.to_dict(), "read": {**stats.to_dict(),
-                                           "meta_problems": rd.meta_problems}})
-    else:
-        _render(d, run, records_lost(meta, events)[0])
-        if stats.summary():
-            click.echo(stats.summary())
+    return d, stats, events, note
 
 
 def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._summary_store import Stored
 from ..analysis.diagnose import diagnose, records_lost
 from ..analysis.findings import Finding, severity_rank
 from ..analysis.flopsconv import with_flops_convention
@@ -24,12 +25,20 @@ __all__ = ["LoadedRun", "load_run", "write_html", "sheet_json"]
 class LoadedRun:
     run: RunDir
     meta: RunMeta
-    table: StepTable
     stats: ReadStats
     sheet: Sheet
     findings: list[Finding]
     events: list[dict[str, Any]]
     profile: dict[str, Any] | None = None  # the latest profile's analysis, if any
+    # The step table: None when the sheet came from the run's summary store (read on use).
+    table_: StepTable | None = None
+    stored: Stored | None = None  # the store entry of this state of the run, if any
+
+    @property
+    def table(self) -> StepTable:
+        if self.table_ is None:
+            self.table_ = self.run.read_steps()[0]
+        return self.table_
 
 
 def _profile_doc(run: RunDir) -> dict[str, Any] | None:
@@ -54,8 +63,24 @@ def _profile_doc(run: RunDir) -> dict[str, Any] | None:
 
 def load_run(path: str | Path, flops_convention: str | None = None) -> LoadedRun:
     """Open, read and analyse a run directory (raises StepscopeError on bad input);
-    ``flops_convention``: MFU under that convention, as the run recorded it."""
-    rs = load_steps(path)
+    ``flops_convention``: MFU under that convention, as the run recorded it.
+
+    The sheet, findings and read counts of a run whose files are unchanged since they were
+    last computed come from its summary store (``_summary_store``); the table is then read
+    only when used."""
+    run = RunDir.open(path)
+    entry = Stored([run.path], "report", {"flops_convention": flops_convention})
+    doc = entry.get()
+    if doc is not None:
+        meta = run.read_meta()
+        meta = with_flops_convention(meta, flops_convention) if flops_convention else meta
+        events, ev_stats = run.read_events()
+        note_event_problems(ev_stats)
+        return LoadedRun(run, meta, ReadStats.from_dict(doc["stats"]),
+                         Sheet.from_dict(doc["sheet"]),
+                         [Finding.from_dict(f) for f in doc["findings"]], events,
+                         doc["profile"], stored=entry)
+    rs = load_steps(run.path)
     meta = with_flops_convention(rs.meta, flops_convention) if flops_convention else rs.meta
     events, ev_stats = rs.run.read_events()
     note_event_problems(ev_stats)
@@ -67,7 +92,11 @@ def load_run(path: str | Path, flops_convention: str | None = None) -> LoadedRun
     sheet = with_profile_split(sheet, profile)
     result = diagnose(rs.table, meta, events=events, conditions=conditions)
     findings = sorted(result.findings, key=lambda f: severity_rank(f.severity))
-    return LoadedRun(rs.run, meta, rs.table, rs.stats, sheet, findings, events, profile)
+    stored = entry if entry.put({"stats": rs.stats.to_dict(), "sheet": sheet.to_dict(),
+                                 "findings": [f.to_dict() for f in findings],
+                                 "profile": profile}) else None
+    return LoadedRun(rs.run, meta, rs.stats, sheet, findings, events, profile, rs.table,
+                     stored)
 
 
 # Points per chart series embedded in report.html (min/max envelopes past it): a chart is
@@ -77,15 +106,26 @@ REPORT_POINTS = 4000
 
 def write_html(loaded: LoadedRun, out: Path | None = None) -> Path:
     """Render the offline run page (report/offline.py) and have the store write it
-    (RUN/report.html, or ``out``)."""
+    (RUN/report.html, or ``out``); a page rendered from the same state of the run before
+    is taken from the run's summary store."""
     name = loaded.run.path.name
-    doc = run_doc(name, loaded.run, loaded.table, loaded.meta, loaded.sheet,
-                  loaded.stats.problems, loaded.findings, loaded.stats)
-    if loaded.profile is not None:  # a capture analysed on demand for the breakdown
-        doc["profile"] = loaded.profile
-    series = series_doc(name, loaded.table, loaded.sheet, loaded.meta,
-                        max_points=REPORT_POINTS)
-    return loaded.run.write_report(render_offline(doc, series), out)
+    page = None
+    entry = None
+    if loaded.stored is not None:
+        entry = Stored([loaded.run.path], "page",
+                       {"of": loaded.stored.key, "points": REPORT_POINTS, "name": name})
+        page = entry.get()
+    if not isinstance(page, str):
+        doc = run_doc(name, loaded.run, loaded.table, loaded.meta, loaded.sheet,
+                      loaded.stats.problems, loaded.findings, loaded.stats)
+        if loaded.profile is not None:  # a capture analysed on demand for the breakdown
+            doc["profile"] = loaded.profile
+        series = series_doc(name, loaded.table, loaded.sheet, loaded.meta,
+                            max_points=REPORT_POINTS)
+        page = render_offline(doc, series)
+        if entry is not None:
+            entry.put(page)
+    return loaded.run.write_report(page, out)
 
 
 def sheet_json(loaded: LoadedRun) -> dict[str, Any]:

@@ -3,6 +3,7 @@
     stepscope trace PATH [PATH2 …] [--hta-compatible] [--steps a:b] [--top N] [--json]
                     [--engine local|dask] [--scheduler ADDRESS]
     stepscope trace diff A B [--hta-compatible] [--steps a:b] [--json]
+                    [--engine local|dask] [--scheduler ADDRESS]
 
 ``--steps a:b`` names ProfilerStep numbers with both ends included (stepscope's one
 convention for ``a:b``, see :mod:`stepscope._ranges`).
@@ -126,16 +127,27 @@ def show_cmd(paths: tuple[Path, ...], hta_compatible: bool, steps: str | None, t
               help="Match ops by name or by op type (auto: by type where names carry "
                    "scopes, as MindSpore's do; a PyNative and a graph profile then match).")
 @_json_opt
+@_engine_opt
+@_scheduler_opt
 def diff_cmd(a: Path, b: Path, hta_compatible: bool, steps: str | None, top: int, by: str,
-             as_json: bool) -> None:
+             as_json: bool, engine: str, scheduler: str | None) -> None:
     """Compare trace B against baseline A, per phase and per op (per step).
 
     A and B: trace files, profile directories, or run directories (latest profile)."""
     from ..analysis.trace.diff import diff_reports
 
     sel = parse_step_range(steps, "--steps")
-    rep_a = analyze(_read([a]), hta_compatible=hta_compatible, steps=sel)
-    rep_b = analyze(_read([b]), hta_compatible=hta_compatible, steps=sel)
+    if engine == "dask":  # each side's ranks analysed on the workers, as `trace --engine dask`
+        from ..analysis.trace.distributed import analyze_on_workers
+
+        rep_a, rep_b = (analyze_on_workers([_resolve(p)], scheduler=scheduler,
+                                           hta_compatible=hta_compatible, steps=sel)
+                        for p in (a, b))
+    else:
+        rep_a = analyze(_read([a], engine, scheduler), hta_compatible=hta_compatible,
+                        steps=sel)
+        rep_b = analyze(_read([b], engine, scheduler), hta_compatible=hta_compatible,
+                        steps=sel)
     diff = diff_reports(rep_a, rep_b, by=by)
     if as_json:
         emit_json({"a": str(a), "b": str(b), **diff.to_dict()})
