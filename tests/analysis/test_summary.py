@@ -27,6 +27,23 @@ def test_warmup_is_the_first_step_and_leading_slow_steps_capped_at_20pct() -> No
     assert steady_mask(t).sum() == 8  # the cap stops at 2 warm-up steps
 
 
+def test_warmup_counts_steps_not_rows_and_not_later_profiled_steps() -> None:
+    # 4 ranks; rank 2 warms up for 2 steps, the others for 1; step 6 is profiled on all.
+    ranks, steps = 4, 10
+    st = np.ones((ranks, steps))
+    st[:, 0] = 9.0
+    st[2, 1] = 9.0
+    prof = np.zeros((ranks, steps))
+    prof[:, 6] = 1.0
+    t = StepTable.from_columns({
+        "rank": np.repeat(np.arange(ranks), steps).astype(float),
+        "step": np.tile(np.arange(steps), ranks).astype(float),
+        "step_time_s": st.ravel(), "profiled": prof.ravel()})
+    s = summarize(t)
+    assert int((~steady_mask(t)).sum()) == 9  # rows: 4 + 1 warm-up, 4 profiled
+    assert s.warmup_steps == 2  # steps 0 and 1: before some rank's first steady step
+
+
 def test_throughput_is_summed_over_ranks_and_excludes_warmup() -> None:
     t = StepTable.from_columns({
         "rank": [0, 0, 0, 1, 1, 1], "step": [0, 1, 2, 0, 1, 2],
@@ -37,7 +54,7 @@ def test_throughput_is_summed_over_ranks_and_excludes_warmup() -> None:
     # rank 0: 200 tokens / 2 s = 100/s; rank 1: 200 / 4 s = 50/s; warm-up step 0 excluded
     assert s.tokens_per_s == pytest.approx(150.0)
     assert s.samples_per_s == pytest.approx(6.0)
-    assert (s.steps, s.ranks, s.warmup_steps) == (3, 2, 2)
+    assert (s.steps, s.ranks, s.warmup_steps) == (3, 2, 1)  # one step (two rows)
     assert s.step_time_s == pytest.approx(1.5)  # median of 1, 1, 2, 2
     lines = {x.rank: x for x in s.per_rank}
     assert lines[0].tokens_per_s == pytest.approx(100.0)

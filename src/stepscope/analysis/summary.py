@@ -315,6 +315,21 @@ def _recording_notes(table: StepTable, meta: RunMeta | None) -> list[str]:
     return out
 
 
+def _warmup_steps(table: StepTable, mask: AnyArray) -> int:
+    """Steps excluded as warm-up: those before some rank's first steady step (a count of
+    steps, not of rows: with N ranks each warm-up step is N rows). Profiled or tool-heavy
+    steps later in the run are left out of the steady rows too, but are not warm-up."""
+    if not mask.any():
+        return 0
+    rank = table["rank"].astype(np.int64)
+    step = table["step"]
+    lo = int(rank.min())
+    first = np.full(int(rank.max()) - lo + 1, np.inf)
+    np.minimum.at(first, rank[mask] - lo, step[mask])
+    lead = ~mask & (step < first[rank - lo])
+    return int(len(unique_ints(step[lead]))) if lead.any() else 0
+
+
 def summarize(table: StepTable, meta: RunMeta | None = None,
               skipped_records: int = 0, conditions: Conditions | None = None) -> Sheet:
     """The sheet of one run (all ranks). Pure: reads the table, returns a ``Sheet``.
@@ -344,7 +359,7 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
     lm = table.has_data("tokens") or not table.has_data("samples")  # samples only: images
     ppl = math.exp(last) if last is not None and last < 50 and lm else None  # token CE, nats
     return Sheet(
-        steps=steps, ranks=ranks, warmup_steps=int(len(table) - mask.sum()) if mask.any() else 0,
+        steps=steps, ranks=ranks, warmup_steps=_warmup_steps(table, mask),
         loss_first=first, loss_last=last, loss_min=lmin, perplexity=ppl,
         accuracy_last=float(acc[-1]) if acc.size else None,
         tokens_per_s=tps, samples_per_s=sps,
