@@ -6,7 +6,6 @@ Issue 12 item 6, in process: a real small tmpfs filled by another file, then fre
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,23 +13,13 @@ import pytest
 
 from stepscope.recorder import Recorder
 from stepscope.store import RunDir
+from support.disk import small_tmpfs
 
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (the unwritable-directory case is in "
-                    "test_run_dirs)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                          capture_output=True, timeout=30)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path, "64k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
 
 
 def _fill(path: Path) -> None:

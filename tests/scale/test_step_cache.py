@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from stepscope import Recorder, RunDir, RunMeta
 from stepscope import _steps_cache as cache
+from support.disk import small_tmpfs
 from support.old_step_reader import assert_tables_equal
 
 
@@ -120,35 +120,23 @@ def test_unwritable_cache_directory_still_reads(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A real 1 MiB tmpfs (mounting needs root; skipped otherwise)."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                          capture_output=True, timeout=30)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
-    try:
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    with small_tmpfs(tmp_path, "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
 
 
-def test_full_disk_while_caching_leaves_no_temporary_or_orphan_file(small_tmpfs: Path
-                                                                     ) -> None:
-    run = RunDir.create(small_tmpfs / "run", RunMeta(run_id="c"))
+def test_full_disk_while_caching_leaves_no_temporary_or_orphan_file(tiny_disk: Path) -> None:
+    run = RunDir.create(tiny_disk / "run", RunMeta(run_id="c"))
     run.steps_path(0).write_bytes(b"".join(_line(i) for i in range(1500)))  # ~90 KiB
     # Fill the rest but 8 KiB: the segment (a float64 per row and column, ~320 KiB) cannot
     # be written.
-    free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
-    (small_tmpfs / "filler").write_bytes(b"\0" * (free - 8192))
+    free = os.statvfs(tiny_disk).f_bavail * os.statvfs(tiny_disk).f_frsize
+    (tiny_disk / "filler").write_bytes(b"\0" * (free - 8192))
     _same_as_cold(run)  # the read still has its whole result
     left = sorted(p.name for p in (run.cache_dir / "steps").iterdir()) \
         if (run.cache_dir / "steps").exists() else []
     assert left == [], left  # no .tmp, no segment that no manifest names
-    (small_tmpfs / "filler").unlink()  # space returns: the cache is written as usual
+    (tiny_disk / "filler").unlink()  # space returns: the cache is written as usual
     _same_as_cold(run)
     assert len(_segments(run)) == 1
 
