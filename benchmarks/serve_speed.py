@@ -5,8 +5,11 @@ The root holds ``--runs`` small runs and one long run of ``--steps`` x ``--ranks
 (issue 15: 1,000 runs and 1,000,000 x 8). Step files are written directly as JSON lines
 in the recorder's format (fast to make; the reader does not care who wrote them).
 
-Measured, each with a fresh server process (cold: no index, no cache), in headless Debian
-Chromium driven by Playwright:
+Measured, each with a fresh server process, in headless Debian Chromium driven by
+Playwright, on three states of the root: cold (the run files alone: no index, no step or
+page cache), indexed (the index and step caches the cold pass left, no page documents: a
+finished run nobody has opened yet; ``stepscope run`` leaves the step cache when it writes
+report.html) and warm (everything the earlier passes left):
 1. runs table first paint: from navigation to the table's rows in the DOM (on a cold root
    the runs are listed from run.json while the index reads their steps); and the runs
    table complete: every run's numbers in (the index built, the page's 2-second reload);
@@ -18,9 +21,9 @@ Chromium driven by Playwright:
    available to draw; the ratio anchor / stepscope's run-page first paint.
 
 Run: ``.venv/bin/python benchmarks/serve_speed.py [--runs 1000 --steps 1000000 --ranks 8]
-[--root DIR]`` (``--small`` for a quick check; ``--root`` keeps the generated root and
-TensorBoard's events for the next run, which drops the root's index and caches again before
-its cold pass). Needs the ``export`` and ``dev`` extras and chromium.
+[--root DIR] [--no-tensorboard]`` (``--small`` for a quick check; ``--root`` keeps the
+generated root and TensorBoard's events for the next run, which drops the root's index and
+caches again before its cold pass). Needs the ``export`` and ``dev`` extras and chromium.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any
 import numpy as np
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PAGES_DIR = ".stepscope-pages"  # report.serve_pages.PAGES_DIR (checked in main)
 
 
 def _meta(name: str, ranks: int) -> dict[str, Any]:
@@ -160,7 +164,6 @@ def first_paints(root: Path) -> tuple[float, float, float, float]:
 def _drop_caches(root: Path) -> None:
     """A cold root: no index, no page or step cache (the run files alone)."""
     from stepscope.index import INDEX_FILE
-    from stepscope.report.serve_pages import PAGES_DIR
 
     for p in root.glob(INDEX_FILE + "*"):
         p.unlink()
@@ -188,10 +191,17 @@ def main() -> None:
     ap.add_argument("--root", "--keep", dest="root", type=Path, default=None,
                     help="build the root here once and keep it (with TensorBoard's events "
                          "in ROOT.tb); a root built before is reused")
-    ap.add_argument("--passes", type=int, default=2,
+    ap.add_argument("--passes", type=int, default=3,
                     help="fresh server processes in turn: the first on a cold root (no "
-                         "index, no page or step cache), the next on what the first left")
+                         "index, no page or step cache); the second 'indexed': the index "
+                         "and step caches the first left, the page documents dropped (a "
+                         "finished run nobody has opened yet); the rest on all it left")
+    ap.add_argument("--no-tensorboard", action="store_true",
+                    help="skip the TensorBoard anchor (its events take minutes to write)")
     args = ap.parse_args()
+    from stepscope.report.serve_pages import PAGES_DIR as pages
+
+    assert pages == PAGES_DIR, pages
     if args.small:
         args.runs, args.steps, args.ranks = 100, 20_000, 8
     tmp = Path(tempfile.mkdtemp(prefix="serve-speed-"))
@@ -207,26 +217,31 @@ def main() -> None:
             (root / ".complete").touch()
             print(f"root: {args.runs} runs + one of {args.steps:,} steps x {args.ranks} "
                   f"ranks ({time.perf_counter() - t0:.1f} s to write)")
-        t0 = time.perf_counter()
-        tb = _tb_events(big, root.with_name(root.name + ".tb"))
-        print(f"TensorBoard events ready ({time.perf_counter() - t0:.1f} s)")
+        tb = None
+        if not args.no_tensorboard:
+            t0 = time.perf_counter()
+            tb = _tb_events(big, root.with_name(root.name + ".tb"))
+            print(f"TensorBoard events ready ({time.perf_counter() - t0:.1f} s)")
         _drop_caches(root)
+        kinds = [("cold", "indexed")[i] if i < 2 else "warm" for i in range(args.passes)]
         rows = []
-        for i in range(args.passes):
+        for i, kind in enumerate(kinds):
+            if kind == "indexed":
+                shutil.rmtree(root / PAGES_DIR, ignore_errors=True)
             rows.append(first_paints(root))
-            print(f"pass {i + 1} ({'cold' if i == 0 else 'warm'}): " + ", ".join(
-                f"{v:.2f}" for v in rows[-1]), flush=True)
-        anchor = tensorboard_load(tb)
-        print(f"{'measure':<46}" + "".join(f"{'cold' if i == 0 else 'warm':>10}"
-                                            for i in range(len(rows))))
+            print(f"pass {i + 1} ({kind}): " + ", ".join(f"{v:.2f}" for v in rows[-1]),
+                  flush=True)
+        print(f"{'measure':<46}" + "".join(f"{k:>10}" for k in kinds))
         names = ("runs table first paint (s)", "runs table complete, all indexed (s)",
                  "run page first paint, all charts (s)", "server peak RSS (MiB)")
         for j, name in enumerate(names):
             print(f"{name:<46}" + "".join(f"{r[j]:>10.2f}" for r in rows))
-        print(f"{'TensorBoard: load the same scalars (s)':<46}{anchor:>10.2f}")
-        print("ratio TensorBoard load / stepscope run page: " + ", ".join(
-            f"{anchor / r[2]:.1f}x" for r in rows) + " (target >= 5x); first-paint target: "
-              "under 2 s each")
+        if tb is not None:
+            anchor = tensorboard_load(tb)
+            print(f"{'TensorBoard: load the same scalars (s)':<46}{anchor:>10.2f}")
+            print("ratio TensorBoard load / stepscope run page: " + ", ".join(
+                f"{anchor / r[2]:.1f}x" for r in rows) + " (target >= 5x)")
+        print("first-paint target: under 2 s each")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
