@@ -34,12 +34,12 @@ from .analysis.compare.quality import latest_evals
 from .analysis.summary import Sheet, summarize
 from .engine import map_items
 from .errors import ConfigError, RunDirError, StepscopeError
-from .schema import BASELINE_FIELDS, RunMeta
-from .store import RunDir, is_run_dir, utc_stamp
+from .schema import BASELINE_FIELDS, RunMeta, StepTable
+from .store import ReadStats, RunDir, is_run_dir, utc_stamp
 
 __all__ = [
     "INDEX_FILE", "COLUMNS", "IndexStats", "Skipped", "IndexResult", "build_index",
-    "query_index", "parse_where", "best_config", "skipped_runs",
+    "query_index", "parse_where", "best_config", "skipped_runs", "stored_sheet",
 ]
 
 INDEX_FILE = ".stepscope-index.sqlite"
@@ -132,6 +132,20 @@ def _sheet(run: RunDir, meta: RunMeta) -> Sheet:
     if not len(table):
         raise RunDirError(f"no step records yet ({stats.files} step files, "
                           f"{stats.skipped} corrupt records)")
+    return _summarise(run, meta, table, stats, entry)
+
+
+def stored_sheet(run: RunDir, meta: RunMeta, table: StepTable, stats: ReadStats) -> Sheet:
+    """The sheet ``index`` keeps for this state of the run (the same store entry), for a
+    caller that has read the table anyway (the dashboard): summarised only when absent."""
+    entry = Stored([run.path], "sheet", {})
+    doc = entry.get()
+    return Sheet.from_dict(doc) if doc is not None else _summarise(run, meta, table, stats,
+                                                                   entry)
+
+
+def _summarise(run: RunDir, meta: RunMeta, table: StepTable, stats: ReadStats,
+               entry: Stored) -> Sheet:
     sheet = summarize(table, meta, skipped_records=stats.skipped,
                       conditions=run.read_conditions())
     entry.put(sheet.to_dict())

@@ -96,3 +96,22 @@ def test_a_long_runs_series_document_stays_small_and_its_x_axes_exact() -> None:
     assert np.allclose(wall["value"], full[np.asarray(wall["steps"])], rtol=0, atol=1e-9)
     tokens = doc["x"]["tokens"]
     assert tokens["value"] == [4096.0 * (s + 1) for s in tokens["steps"]]
+
+
+def test_without_page_documents_the_sheet_comes_from_the_index_store(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished run nobody has opened: the index summarised it already (its summary
+    store's "sheet" entry), so the page reads the table for its series only."""
+    import stepscope.index as index
+
+    computed = _documents(_board(root), "ddp")  # the index ran: the sheet is stored
+    shutil.rmtree(root / PAGES_DIR)
+
+    def no_summary(*_: object, **__: object) -> None:
+        raise AssertionError("summarised again although the index stored the sheet")
+
+    monkeypatch.setattr(index, "summarize", no_summary)
+    board = _board(root)
+    again = _documents(board, "ddp")
+    assert board._cache  # the table was read (for the series), the sheet was not made
+    assert json.loads(json.dumps(again)) == json.loads(json.dumps(computed))

@@ -30,9 +30,9 @@ from ..analysis.compare import compare_runs
 from ..analysis.diagnose import diagnose
 from ..analysis.findings import Finding
 from ..analysis.series import by_step, envelope, phase_stack, rank_heatmap, step_series
-from ..analysis.summary import Sheet, summarize
+from ..analysis.summary import Sheet
 from ..errors import RunDirError, StepscopeError
-from ..index import INDEX_FILE
+from ..index import INDEX_FILE, stored_sheet
 from ..schema import AnyArray, RunMeta, StepTable
 from ..store import ReadStats, RunDir
 from .fleet import fleet_matrix, slowest_ranks
@@ -152,8 +152,7 @@ class Dashboard:
         run = RunDir.open(path)
         meta = run.read_meta()
         table, stats = run.read_steps()
-        sheet = summarize(table, meta, skipped_records=stats.skipped,
-                          conditions=run.read_conditions())
+        sheet = stored_sheet(run, meta, table, stats)  # the index's, while files are as then
         loaded = _Loaded(sig, meta, table, sheet, list(stats.problems), stats.skipped, stats)
         with self._lock:
             self._cache[rel] = loaded
