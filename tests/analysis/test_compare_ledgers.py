@@ -88,7 +88,12 @@ def test_one_variable_flags_the_batch_trap(runs: dict[str, Path]) -> None:
     trap = r.differing[0].warning
     assert trap is not None and "lr not scaled" in trap and "4x" in trap
     assert r.quality.warnings == [trap]
-    assert r.verdict in ("landed", "not landed")
+    if r.verdict == "inconclusive":
+        # The pair trained while other tests loaded the host: the conditions ledger says
+        # so (a fresh-clone CI run met it); the trap above is what this test is about.
+        assert any("conditions differ" in x for x in r.reasons), r.reasons
+    else:
+        assert r.verdict in ("landed", "not landed")
     # Losses are matched on tokens (the big batch took 4x fewer steps per token).
     assert "tokens" in r.quality.metrics["train_loss"].at
 
