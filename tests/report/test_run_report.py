@@ -45,10 +45,7 @@ def test_run_writes_a_report_the_browser_draws(tmp_path: Path) -> None:
 
 
 def test_no_html_writes_none_and_says_nothing_of_it(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    proc = stepscope_run(run, *python_script("torch_plain.py", "--steps", "3", *SMALL),
-                         args=("--no-html",), timeout=240)
-    assert proc.returncode == 0, proc.stderr
+    run, proc = _small_run(tmp_path)
     assert not (run / "report.html").exists()
     assert "report" not in proc.stderr
 
@@ -132,16 +129,17 @@ def test_sigterm_while_the_report_is_made_ends_it_and_keeps_the_status(
     assert _tmp_files(run) == []
 
 
-def _small_run(tmp_path: Path) -> Path:
+def _small_run(tmp_path: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A 3-step run recorded with --no-html, and its `stepscope run` process."""
     run = tmp_path / "small"
     proc = stepscope_run(run, *python_script("torch_plain.py", "--steps", "3", *SMALL),
                          args=("--no-html",), timeout=240)
     assert proc.returncode == 0, proc.stderr
-    return run
+    return run, proc
 
 
 def test_a_report_past_its_bounds_is_not_waited_for(tmp_path: Path) -> None:
-    run = _small_run(tmp_path)
+    run, _ = _small_run(tmp_path)
     path, note = write_after_run(run, max_bytes=64)
     assert path is None and note is not None
     assert "of step records is more than the end of a run reads" in note
@@ -156,7 +154,7 @@ def test_a_report_past_its_bounds_is_not_waited_for(tmp_path: Path) -> None:
 
 
 def test_leftovers_of_ended_writers_go_and_a_live_writers_stay(tmp_path: Path) -> None:
-    run = _small_run(tmp_path)
+    run, _ = _small_run(tmp_path)
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                            capture_output=True, text=True, timeout=60)
     dead = int(ended.stdout)

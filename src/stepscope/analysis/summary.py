@@ -321,13 +321,11 @@ def _warmup_steps(table: StepTable, mask: AnyArray) -> int:
     steps later in the run are left out of the steady rows too, but are not warm-up."""
     if not mask.any():
         return 0
-    rank = table["rank"].astype(np.int64)
-    step = table["step"]
-    lo = int(rank.min())
-    first = np.full(int(rank.max()) - lo + 1, np.inf)
-    np.minimum.at(first, rank[mask] - lo, step[mask])
-    lead = ~mask & (step < first[rank - lo])
-    return int(len(unique_ints(step[lead]))) if lead.any() else 0
+    g = _Groups.of(table["rank"], within=table["step"])
+    steady = g._ordered(mask)
+    seen = np.cumsum(steady)  # steady rows so far; before a rank's first one: its start's
+    lead = seen == np.repeat(seen[g.starts] - steady[g.starts], g.counts)
+    return int(len(unique_ints(g._ordered(table["step"])[lead]))) if lead.any() else 0
 
 
 def summarize(table: StepTable, meta: RunMeta | None = None,
