@@ -32,7 +32,8 @@ VOCAB, BLOCK, EMBD = 48, 16, 48
 
 
 def say(kind, **kv):
-    print("SS " + kind + "".join(f" {k}={v!r}" for k, v in kv.items()), flush=True)
+    # the line and its newline in one write: ranks share this stdout, unbuffered under torchrun
+    print("SS " + kind + "".join(f" {k}={v!r}" for k, v in kv.items()) + "\n", end="", flush=True)
 
 
 class CharDataset(Dataset):

@@ -40,7 +40,8 @@ args = p.parse_args()
 
 
 def say(kind, **kv):
-    print("SS " + kind + "".join(f" {k}={v!r}" for k, v in kv.items()), flush=True)
+    # the line and its newline in one write: ranks share this stdout, unbuffered under torchrun
+    print("SS " + kind + "".join(f" {k}={v!r}" for k, v in kv.items()) + "\n", end="", flush=True)
 
 
 VOCAB, N_LAYER, N_HEAD, N_EMBD = 64, 2, 2, 32

@@ -16,7 +16,8 @@ from torch import nn
 
 
 def say(kind, **kv):
-    print("SS " + kind + "".join(f" {k}={v!r}" for k, v in kv.items()), flush=True)
+    # the line and its newline in one write: ranks share this stdout, unbuffered under torchrun
+    print("SS " + kind + "".join(f" {k}={v!r}" for k, v in kv.items()) + "\n", end="", flush=True)
 
 
 def outcome(fn):

@@ -19,7 +19,8 @@ VOCAB, SEQ = 64, 16
 
 
 def say(kind, **kv):
-    print("SS " + kind + "".join(f" {k}={v!r}" for k, v in kv.items()), flush=True)
+    # the line and its newline in one write: ranks share this stdout, unbuffered under torchrun
+    print("SS " + kind + "".join(f" {k}={v!r}" for k, v in kv.items()) + "\n", end="", flush=True)
 
 
 torch.manual_seed(0)

@@ -35,7 +35,8 @@ NTOKEN, EMSIZE, NHID = 200, 64, 64
 
 
 def say(kind, **kv):
-    print("SS " + kind + "".join(f" {k}={v!r}" for k, v in kv.items()), flush=True)
+    # the line and its newline in one write: ranks share this stdout, unbuffered under torchrun
+    print("SS " + kind + "".join(f" {k}={v!r}" for k, v in kv.items()) + "\n", end="", flush=True)
 
 
 def batchify(data, bsz):
