@@ -109,6 +109,38 @@ def test_preemptions_count_only_with_less_cpu_in_the_same_run() -> None:
     assert condition_differences(a, None, busy_but_fed, None) == []
 
 
+def _interleaved(own_s: float, cycle_s: float, preempt: np.ndarray) -> StepTable:
+    """One of the runs an A/B harness trains in one process, one step of each in turn:
+    ``cpu_s`` and ``preempt`` advance between this run's step ends, so each row holds the
+    whole cycle's process CPU (1 CPU-s per wall-s) and the preemptions in it."""
+    n = preempt.size
+    end = np.arange(1, n + 1) * cycle_s
+    return StepTable.from_columns({
+        "rank": np.zeros(n, dtype=int), "step": np.arange(n),
+        "step_time_s": np.full(n, own_s) * JITTER[:n], "end_s": end,
+        "wall_time_s": 1000.0 + end, "tokens": np.full(n, 1000.0),
+        "cpu_s": np.full(n, cycle_s) * JITTER[:n], "preempt": preempt})
+
+
+def test_usage_columns_are_rated_over_the_interval_they_cover() -> None:
+    # A CI run of the A/B harness: the fast run's steps take 1.5 ms, the slow run's 6 ms
+    # (its loader sleeps); each row's usage covers the same 12 ms cycle of five runs, with
+    # 0 or 1 preemption in it (the slow run's median 1, the fast one's 0). Over each step's
+    # own time the slow run looked preempted 167/s against 0 with a quarter of the CPU per
+    # wall-second: "conditions differ". Over the cycle both got the process's CPU alike.
+    fast = _interleaved(0.0015, 0.012, np.tile([0.0, 0.0, 1.0], 20))
+    slow = _interleaved(0.006, 0.012, np.tile([1.0, 1.0, 0.0], 20))
+    assert condition_differences(fast, None, slow, None) == []
+    # A run whose usage really covers less CPU per wall-second and more preemptions is
+    # still contention, with the rates over the cycle (not the step time) in the message.
+    starved = _interleaved(0.006, 0.012, np.full(60, 2.0))
+    starved = StepTable.from_columns({**{c: starved[c] for c in starved.columns},
+                                      "cpu_s": np.full(60, 0.006) * JITTER[:60]})
+    diffs = condition_differences(fast, None, starved, None)
+    assert [d.name for d in diffs] == ["preempt_per_s", "cpu_per_wall"]
+    assert diffs[0].b == pytest.approx(2 / 0.012) and diffs[1].b == pytest.approx(0.5, rel=0.03)
+
+
 def test_baseline_values_compare_after_normalisation() -> None:
     assert normalise("AdamW") == "adamw" and _same("AdamW", "adamw")
     assert _same("bfloat16", "bf16") and _same("torch.float32", "FP32")

@@ -79,6 +79,7 @@ class EnvironmentRule:
         self._flagged: str | None = None
         self._streak = 0
         self._fired = False
+        self._last_end: tuple[int, float] | None = None  # (step, end_s) of the last record
 
     def observe_sample(self, sample: Mapping[str, Any]) -> None:
         """A condition sample. It joins the reference when it leaves the recent window
@@ -91,15 +92,28 @@ class EnvironmentRule:
                     self._ref_cond[k].push(v)
         self._samples.append(sample)
 
+    def _usage_wall(self, record: Mapping[str, Any], step: int | None, st: float) -> float:
+        """The wall seconds ``cpu_s`` and ``preempt`` cover: from the previous step's end
+        to this one's (as ``analysis.regimes.usage_wall``), else the step's own time."""
+        end = record_value(record, "end_s")
+        last, self._last_end = self._last_end, (
+            (step, end) if step is not None and end is not None and math.isfinite(end)
+            else None)
+        if last is None or self._last_end is None or step != last[0] + 1:
+            return st
+        gap = self._last_end[1] - last[1]
+        return gap if gap > 0 else st
+
     def observe_step(self, record: Mapping[str, Any], step: int | None,
                      now_s: float) -> list[Alert]:
         st = record_value(record, "step_time_s")
         if st is None or not math.isfinite(st) or st <= 0:
             return []
         cpu, pre = record_value(record, "cpu_s"), record_value(record, "preempt")
+        wall = self._usage_wall(record, step, st)
         row = {"step_time_s": st,
-               "cpu_per_wall": cpu / st if cpu is not None else math.nan,
-               "preempt_per_s": pre / st if pre is not None else math.nan}
+               "cpu_per_wall": cpu / wall if cpu is not None else math.nan,
+               "preempt_per_s": pre / wall if pre is not None else math.nan}
         for k, v in row.items():
             self._recent[k].append(v)
         ready = len(self._ref["step_time_s"]) >= REFERENCE_MIN_STEPS

@@ -7,8 +7,9 @@ of 664 involuntary context switches per step in one and 107 in the other). So be
 speed verdict, :func:`condition_differences` compares what each run's own records say
 about its host over its headline steps:
 
-* CPU per wall-second (``cpu_s / step_time_s``) and involuntary context switches per second
-  (``preempt / step_time_s``), per step, from the step table (always recorded);
+* CPU per wall-second and involuntary context switches per second, per step, from the step
+  table (always recorded; the wall second is the time between the rank's step ends that
+  ``cpu_s`` and ``preempt`` cover, ``regimes.usage_wall``);
 * the training thread's on-CPU and run-queue shares (schedstat): less CPU *and* more
   queueing is contention; less CPU with less queueing is the code waiting, not the host;
 * other processes' CPU use, hypervisor steal, CPU and GPU clocks, NVML slow-down reasons and
@@ -63,16 +64,21 @@ class ConditionDiff:
         return asdict(self)
 
 
-def _per_step(table: StepTable, conditions: Conditions | None) -> StepTable:
+def _per_step(table: StepTable, conditions: Conditions | None) -> tuple[StepTable, AnyArray]:
+    """The headline steps, and the wall seconds their usage columns cover
+    (``regimes.usage_wall``) taken from the whole table: a headline step's predecessor
+    need not be one."""
     mask, _ = headline_mask(table, conditions)
-    return table.select(mask) if mask.any() else table
+    wall = rg.usage_wall(table)
+    return (table.select(mask), wall[mask]) if mask.any() else (table, wall)
 
 
-def _rate(t: StepTable, col: str) -> AnyArray:
+def _rate(t: StepTable, col: str, wall: AnyArray | None = None) -> AnyArray:
+    """``col`` per wall-second of what it covers, finite values only."""
     if not t.has_data(col):
         return np.array([])
     with np.errstate(divide="ignore", invalid="ignore"):
-        v = np.asarray(t[col] / t["step_time_s"])
+        v = np.asarray(t[col] / (rg.usage_wall(t) if wall is None else wall))
     return np.asarray(v[np.isfinite(v)])
 
 
@@ -113,13 +119,14 @@ def cpu_share(cond: Conditions | None, t: StepTable) -> float | None:
     return float(np.median(c)) if c.size else None
 
 
-def _step_diffs(ta: StepTable, tb: StepTable) -> list[ConditionDiff]:
+def _step_diffs(ta: StepTable, wa: AnyArray, tb: StepTable, wb: AnyArray
+                ) -> list[ConditionDiff]:
     """Contention from the step table: one run was preempted more often per second AND got
     less CPU per wall-second (both beyond noise). More preemptions with as much CPU is a
     faster-stepping run, less CPU alone is the code waiting (a slow loader): neither is
     the host's doing."""
-    ca, cb = _rate(ta, "cpu_s"), _rate(tb, "cpu_s")
-    pa, pb = _rate(ta, "preempt"), _rate(tb, "preempt")
+    ca, cb = _rate(ta, "cpu_s", wa), _rate(tb, "cpu_s", wb)
+    pa, pb = _rate(ta, "preempt", wa), _rate(tb, "preempt", wb)
     if not (ca.size and cb.size and pa.size and pb.size):
         return []
     if not (_beyond_noise(pa, pb) and _beyond_noise(ca, cb)):
@@ -198,10 +205,10 @@ def condition_differences(table_a: StepTable, cond_a: Conditions | None,
                           table_b: StepTable, cond_b: Conditions | None
                           ) -> list[ConditionDiff]:
     """Conditions that differ between the two runs' headline steps beyond their noise."""
-    ta, tb = _per_step(table_a, cond_a), _per_step(table_b, cond_b)
+    (ta, wa), (tb, wb) = _per_step(table_a, cond_a), _per_step(table_b, cond_b)
     if not len(ta) or not len(tb):
         return []
-    return _step_diffs(ta, tb) + _sample_diffs(ta, cond_a, tb, cond_b)
+    return _step_diffs(ta, wa, tb, wb) + _sample_diffs(ta, cond_a, tb, cond_b)
 
 
 def _regime_finding(r: rg.Regime, total: int) -> Finding:

@@ -47,12 +47,13 @@ from typing import Any
 
 import numpy as np
 
-from .._fastnp import unique_ints
+from .._fastnp import is_ordered, unique_ints
 from ..schema import AnyArray, StepTable
 from .segment import MAX_REGIMES, MIN_REGIME_STEPS, MIN_SHIFT, segment
 
 __all__ = ["Regime", "Regimes", "find_regimes", "segment", "ENVIRONMENT_CAUSES",
            "condition_columns", "window_values", "host_took_cpu", "environment_cause",
+           "usage_wall",
            "MIN_SHIFT", "MIN_REGIME_STEPS", "MAX_REGIMES"]
 
 # The reference regime holds at least a tenth of the steady steps: a busy neighbour can
@@ -135,12 +136,38 @@ _GRID_PER_ROW = 4
 _GRID_SLACK = 1 << 16
 
 
+def usage_wall(table: StepTable) -> AnyArray:
+    """The wall seconds each row's ``cpu_s`` and ``preempt`` cover: they advance between
+    the rank's step ends, so the time from its previous step's end (``end_s``) to this
+    one's, between-steps work included; the step's own time where there is no previous
+    step (a rank's first row, a missing record) or no ``end_s``. Divided by the step time
+    instead, an evaluation between steps or another run's steps in the same process
+    (an interleaved A/B) inflate one run's CPU share and preemption rate."""
+    st = np.asarray(table["step_time_s"], dtype=np.float64)
+    if not table.has_data("end_s") or len(table) < 2:
+        return st
+    rank, step, end = table["rank"], table["step"], table["end_s"]
+    order = None if is_ordered(rank, step) else np.lexsort((step, rank))
+    if order is not None:
+        rank, step, end, st = rank[order], step[order], end[order], st[order]
+    wall = st.copy()
+    gap = np.diff(end)
+    prev = (rank[1:] == rank[:-1]) & (step[1:] == step[:-1] + 1) & np.isfinite(gap) & (gap > 0)
+    wall[1:][prev] = gap[prev]
+    if order is None:
+        return wall
+    out = np.empty_like(wall)
+    out[order] = wall
+    return out
+
+
 def _per_step(table: StepTable) -> dict[str, AnyArray]:
     """Per-step series over ranks: the slowest rank's step time, summed tokens, the median
     rank's CPU share and preemption rate, and the latest wall time."""
     steps, inv = unique_ints(table["step"], return_inverse=True)
     n = steps.size
     st = table["step_time_s"]
+    usage = None
     out: dict[str, AnyArray] = {"step": steps, "step_time_s": np.full(n, -np.inf)}
     np.maximum.at(out["step_time_s"], inv, np.where(np.isfinite(st), st, -np.inf))
     out["tokens"] = np.zeros(n)
@@ -154,9 +181,10 @@ def _per_step(table: StepTable) -> dict[str, AnyArray]:
             if not table.has_data(col):
                 out[key] = np.full(n, np.nan)
                 continue
-            if slots is None:
+            if slots is None or usage is None:
                 slots = unique_ints(table["rank"], return_inverse=True)[1]
-            out[key] = _median_by(table[col] / st, inv, n, slots)
+                usage = usage_wall(table)
+            out[key] = _median_by(table[col] / usage, inv, n, slots)
     return out
 
 
