@@ -90,6 +90,10 @@ def test_rollouts_are_booked_as_eval_until_they_recur_then_in_the_step(run: Scri
     # step 0's rollout is a probe (before the first training forward: firststep); steps
     # 1 and 2 book theirs as eval; from step 3 they are the step's
     assert config["between_steps"]["from_step"] == 3
+    # and the sheet says so, where a reader of its step time looks
+    assert [n for n in run.report["notes"] if "recurring no-grad forwards" in n] == [
+        "step time from step 3 includes recurring no-grad forwards (a rollout or probe "
+        "before every step), booked apart before it"]
     eval_s, step_time = run.column("eval_s"), run.column("step_time_s")
     own = {s["step"]: s for s in run.steps}
     evals = {e["after_step"]: e["seconds"] for e in run.own["eval"]}

@@ -307,6 +307,10 @@ def _recording_notes(table: StepTable, meta: RunMeta | None) -> list[str]:
     config = meta.config if meta else {}
     out = [f"{what}: {config[key]}" for key, what in
            (("loss_convention", "loss"), ("step_boundary", "step boundary")) if key in config]
+    recur = config.get("between_steps")
+    if isinstance(recur, dict) and "from_step" in recur:
+        out.append(f"step time from step {recur['from_step']} includes recurring no-grad "
+                   "forwards (a rollout or probe before every step), booked apart before it")
     between = {c.removesuffix("_s"): float(np.nansum(table[c])) for c in BETWEEN_STEP_COLUMNS
                if len(table) and table.has_data(c)}
     if any(between.values()):
