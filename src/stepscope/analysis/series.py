@@ -20,6 +20,7 @@ import numpy as np
 
 from .._fastnp import unique_ints
 from ..schema import AnyArray, StepTable
+from .step_grid import step_grid
 
 __all__ = ["SERIES", "MAX_RANK_SERIES", "step_series", "by_step", "envelope", "RankHeatmap",
            "rank_heatmap", "phase_stack", "PHASES"]
@@ -49,6 +50,9 @@ PHASES: tuple[str, ...] = ("data_wait_s", "forward_s", "backward_s", "optimizer_
 def by_step(table: StepTable, col: str, how: str) -> tuple[AnyArray, AnyArray]:
     """(steps, value per step) of ``col`` over ranks: ``max``, ``sum``, ``mean`` or
     ``first`` (the lowest rank). Non-finite values are left out."""
+    grid = step_grid(table)
+    if grid is not None:  # the store's tables: a reduction along the rank axis
+        return grid.over_ranks(table[col], how)
     steps = table["step"]
     vals = table[col].astype(np.float64)
     keep = np.isfinite(vals)
@@ -69,8 +73,11 @@ def by_step(table: StepTable, col: str, how: str) -> tuple[AnyArray, AnyArray]:
     return uniq, out
 
 
-def step_series(table: StepTable) -> dict[str, tuple[AnyArray, AnyArray]]:
-    """``tag -> (steps, values)`` for every series with data (see the module docstring)."""
+def step_series(table: StepTable, per_rank: bool = True
+                ) -> dict[str, tuple[AnyArray, AnyArray]]:
+    """``tag -> (steps, values)`` for every series with data (see the module docstring);
+    ``per_rank``: also each rank's step time (``ranks/RANK/step_time_s``) up to
+    ``MAX_RANK_SERIES`` ranks."""
     out: dict[str, tuple[AnyArray, AnyArray]] = {}
     for tag, col, how, scale in SERIES:
         if table.has_data(col):
@@ -85,16 +92,34 @@ def step_series(table: StepTable) -> dict[str, tuple[AnyArray, AnyArray]]:
     if table.has_data("tokens") and "efficiency/step_time_s" in out:
         t_steps, t = out["efficiency/step_time_s"]
         k_steps, tokens = by_step(table, "tokens", "sum")
-        common, ia, ib = np.intersect1d(t_steps, k_steps, return_indices=True)
-        ok = t[ia] > 0
-        out["efficiency/tokens_per_s"] = (common[ok], tokens[ib][ok] / t[ia][ok])
-    ranks = table.ranks()
-    if 1 < len(ranks) <= MAX_RANK_SERIES:
-        for r in ranks:
-            part = table.rank(r)
-            ok = np.isfinite(part["step_time_s"])
-            out[f"ranks/{r:05d}/step_time_s"] = (part["step"][ok],
-                                                 part["step_time_s"][ok].astype(np.float64))
+        if np.array_equal(t_steps, k_steps):  # the usual case: no sort to intersect them
+            ok = t > 0
+            out["efficiency/tokens_per_s"] = (t_steps[ok], tokens[ok] / t[ok])
+        else:
+            common, ia, ib = np.intersect1d(t_steps, k_steps, return_indices=True)
+            ok = t[ia] > 0
+            out["efficiency/tokens_per_s"] = (common[ok], tokens[ib][ok] / t[ia][ok])
+    if per_rank:
+        out.update(_rank_series(table))
+    return out
+
+
+def _rank_series(table: StepTable) -> dict[str, tuple[AnyArray, AnyArray]]:
+    out: dict[str, tuple[AnyArray, AnyArray]] = {}
+    grid = step_grid(table)
+    ranks = grid.ranks.tolist() if grid is not None else table.ranks()
+    if not 1 < len(ranks) <= MAX_RANK_SERIES:
+        return out
+    if grid is not None:  # each rank's row of the grid
+        for r, row in zip(ranks, grid.frame(table["step_time_s"]), strict=True):
+            ok = np.isfinite(row)
+            out[f"ranks/{r:05d}/step_time_s"] = (grid.steps[ok], row[ok])
+        return out
+    for r in ranks:
+        part = table.rank(r)
+        ok = np.isfinite(part["step_time_s"])
+        out[f"ranks/{r:05d}/step_time_s"] = (part["step"][ok],
+                                             part["step_time_s"][ok].astype(np.float64))
     return out
 
 
@@ -128,18 +153,28 @@ def rank_heatmap(table: StepTable, column: str = "step_time_s", max_cols: int = 
                  ) -> RankHeatmap:
     """The fleet view: one row per rank, steps binned to at most ``max_cols`` columns by the
     bin's maximum (a slow step stays visible), readable at 1,024 ranks."""
-    ranks = table.ranks()
+    sg = step_grid(table)
+    ranks = sg.ranks.tolist() if sg is not None else table.ranks()
     if not len(table) or not table.has_data(column):
         return RankHeatmap(column, ranks, [], np.zeros((len(ranks), 0)), float("nan"))
-    steps = table["step"]
+    steps = sg.steps if sg is not None else table["step"]
     lo, hi = int(steps.min()), int(steps.max())
     width = max(1, -(-(hi - lo + 1) // max_cols))  # steps per column, rounded up
     cols = (hi - lo) // width + 1
     grid = np.full((len(ranks), cols), -np.inf)
-    rows = np.searchsorted(np.asarray(ranks), table["rank"])  # ranks() is sorted
-    vals = table[column].astype(np.float64)
-    ok = np.isfinite(vals)
-    np.maximum.at(grid, (rows[ok], ((steps[ok] - lo) // width).astype(np.int64)), vals[ok])
+    if sg is not None:  # each rank's row of the step grid, cut where the column changes
+        col_of = (steps - lo) // width
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(col_of)) + 1])
+        for i, row in enumerate(sg.frame(table[column])):
+            ok = np.isfinite(row)
+            part = row if ok.all() else np.where(ok, row, -np.inf)
+            grid[i, col_of[starts]] = np.maximum.reduceat(part, starts)
+    else:
+        rows = np.searchsorted(np.asarray(ranks), table["rank"])  # ranks() is sorted
+        vals = table[column].astype(np.float64)
+        ok = np.isfinite(vals)
+        np.maximum.at(grid, (rows[ok], ((steps[ok] - lo) // width).astype(np.int64)),
+                      vals[ok])
     grid[np.isneginf(grid)] = np.nan
     med = float(np.nanmedian(grid)) if np.isfinite(grid).any() else float("nan")
     return RankHeatmap(column, ranks, [lo + i * width for i in range(cols)], grid, med)
@@ -155,9 +190,14 @@ def phase_stack(table: StepTable) -> tuple[AnyArray, dict[str, AnyArray]]:
         if not table.has_data(col):
             continue
         s, v = by_step(table, col, "mean")
-        full = np.zeros(len(steps))
-        idx = np.searchsorted(steps, s)
-        full[idx] = v
+        if np.array_equal(s, steps):  # the usual case: the phase is at every step
+            full = v
+        else:  # a phase at a step without a step time is left out (it had been put at
+            full = np.zeros(len(steps))  # the next step, or past the end: IndexError)
+            idx = np.searchsorted(steps, s)
+            hit = idx < len(steps)
+            hit[hit] = steps[idx[hit]] == s[hit]
+            full[idx[hit]] = v[hit]
         out[col] = full
         explained += full
     out["other_s"] = np.maximum(total - explained, 0.0)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._fastnp import unique_ints
+from ..analysis.step_grid import StepGrid, step_grid
 from ..schema import AnyArray, StepTable
 
 __all__ = ["FleetMatrix", "fleet_matrix", "slowest_ranks", "MAX_BINS"]
@@ -68,9 +69,33 @@ def _bins(table: StepTable, max_bins: int) -> _Bins:
                  si * nb // max(1, len(steps)), nb)
 
 
+def _grid_matrix(grid: StepGrid, values: AnyArray, max_bins: int) -> FleetMatrix:
+    """:func:`fleet_matrix` on the step grid: one ``bincount`` per rank's row, which adds
+    each cell's values in step order from 0.0 as the whole table's ``bincount`` does."""
+    n_steps = len(grid.steps)
+    nb = max(1, min(n_steps, max_bins))
+    bin_of = np.arange(n_steps) * nb // n_steps
+    first = np.searchsorted(bin_of, np.arange(nb))
+    every = np.bincount(bin_of, minlength=nb)
+    out = np.empty((len(grid.ranks), nb))
+    for i, row in enumerate(grid.frame(values)):
+        ok = np.isfinite(row)
+        if ok.all():
+            sums, counts = np.bincount(bin_of, weights=row, minlength=nb), every
+        else:
+            sums = np.bincount(bin_of[ok], weights=row[ok], minlength=nb)
+            counts = np.bincount(bin_of[ok], minlength=nb)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[i] = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return FleetMatrix(grid.ranks, grid.steps[first], out)
+
+
 def fleet_matrix(table: StepTable, col: str, max_bins: int = MAX_BINS,
                  bins: _Bins | None = None) -> FleetMatrix:
     """The rank x step-bin matrix of ``col`` (see :class:`FleetMatrix`)."""
+    grid = step_grid(table) if bins is None and len(table) else None
+    if grid is not None:
+        return _grid_matrix(grid, table[col], max_bins)
     b = bins if bins is not None else _bins(table, max_bins)
     v = table[col]
     ok = np.isfinite(v)

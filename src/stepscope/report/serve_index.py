@@ -126,7 +126,13 @@ class RunList:
 
     def known(self, rel: str) -> bool:
         """Whether ``rel`` is a run the index (or the walk before it) found under ROOT; a
-        path not seen yet waits for a refresh (a run created since the last one)."""
+        path not seen yet waits for a refresh (a run created since the last one). A run
+        listed already does not: its page's requests had each waited for the refresh in
+        flight (up to ``wait_s``, several times a page), which the runs table's own polling
+        starts every ``refresh_s``."""
+        with self._lock:
+            if rel in self._known or (not self._built and rel in self._walked):
+                return True
         self.refresh()
         with self._lock:
             if rel in self._known or (not self._built and rel in self._walked):
