@@ -4,7 +4,7 @@ The JSONL file stays the source of truth. The cache holds the decoded, validated
 of the file's first ``end`` bytes (whole lines only) as ``.npy`` segments and a manifest::
 
     RUN/.cache/steps/rank-00000.jsonl.json         manifest (format, source identity, stats)
-    RUN/.cache/steps/rank-00000.jsonl.<id>.npy     float64 matrix (rows x columns)
+    RUN/.cache/steps/rank-00000.jsonl.<id>.npy     float64 matrix (columns x rows)
     RUN/.cache/steps/rank-00000.jsonl.<id>.nan.npy explicit-NaN flags, when there are any
 
 Rules, checked on every read:
@@ -14,6 +14,10 @@ Rules, checked on every read:
   appended as one more segment (compacted into one when there are many);
 * anything else (truncated, rewritten, another inode, another format, a segment missing or of
   the wrong shape, a manifest that does not parse): rebuilt from the JSONL.
+
+A segment holds the columns with a value in its rows: a known column that is NaN throughout
+with no explicit "NaN" is left out (the step table holds such a column as one shared NaN
+either way), so the columns a run never records are neither written nor read back.
 
 Only whole lines go into the cache; a torn last line is decoded (and counted) on each read
 until the writer completes it. Bytes past the size seen by ``stat`` are not read, so a reader
@@ -39,6 +43,7 @@ import orjson
 
 from ._steps_decode import VALUE_RULES, Block, ReadStats, concat_blocks, decode_steps
 from ._steps_lazy import CachedColumns, Part, open_part
+from .schema import STEP_COLUMN_NAMES
 
 __all__ = ["load_rank_file", "uncached_bytes", "load_cached_run", "covered", "CACHE_FORMAT"]
 
@@ -137,8 +142,20 @@ def _save_array(path: Path, arr: np.ndarray[Any, Any]) -> None:
     _replace_from_tmp(path, lambda f: np.save(f, arr, allow_pickle=False))
 
 
+_IDS = frozenset({"rank", "step"})
+_KNOWN_FLOAT = frozenset(STEP_COLUMN_NAMES) - _IDS
+
+
+def _segment_columns(block: Block) -> list[str]:
+    """The block's columns less the known ones it holds no value of (see the module
+    docstring); ``rank`` and ``step`` always, and every column of an empty block."""
+    return [c for c, v in block.cols.items()
+            if not (block.n and c in _KNOWN_FLOAT and c not in block.flags
+                    and bool(np.isnan(v).all()))]
+
+
 def _write_segment(cache_dir: Path, source: Path, block: Block) -> dict[str, Any]:
-    cols = list(block.cols)
+    cols = _segment_columns(block)
     seg_id = secrets.token_hex(6)
     name = f"{source.name}.{seg_id}.npy"
     _save_array(cache_dir / name, np.stack([block.cols[c] for c in cols]))

@@ -53,6 +53,30 @@ def test_cache_is_written_then_appended_as_the_file_grows(tmp_path: Path) -> Non
     assert run.read_steps()[0]["step"].tolist() == list(range(80))
 
 
+def test_segments_hold_only_the_columns_with_values(tmp_path: Path) -> None:
+    """A known column the rows never record is neither written nor read back (a run
+    page reads 14 columns, half of them never recorded); one that gains values as the
+    file grows, or holds an explicit "NaN", is kept, and every read equals the cold one."""
+    run = _run(tmp_path, steps=20)
+    _same_as_cold(run)
+    manifest = orjson.loads((run.cache_dir / "steps" / "rank-00000.jsonl.json").read_bytes())
+    assert sorted(manifest["segments"][0]["columns"]) == ["rank", "step", "step_time_s",
+                                                         "tokens"]
+    assert np.load(_segments(run)[0]).shape == (4, 20)
+    grown = [orjson.dumps({"rank": 0, "step": 20 + i, "step_time_s": 1.0, "loss": v,
+                           "grad_norm": None}) + b"\n" for i, v in enumerate((2.5, "NaN", 2.4))]
+    with open(run.steps_path(0), "ab") as f:
+        f.write(b"".join(grown))
+    _same_as_cold(run)
+    manifest = orjson.loads((run.cache_dir / "steps" / "rank-00000.jsonl.json").read_bytes())
+    assert sorted(manifest["segments"][1]["columns"]) == [
+        "loss", "rank", "step", "step_time_s"]
+    table = run.read_steps()[0]
+    assert np.isnan(table["loss"][:20]).all() and table["loss"][20] == 2.5
+    assert table["loss_nan"].tolist() == [0.0] * 21 + [1.0, 0.0]
+    assert not table.has_data("grad_norm") and table["grad_norm"].strides == (0,)
+
+
 def test_truncated_or_rewritten_file_rebuilds_the_cache(tmp_path: Path) -> None:
     run = _run(tmp_path)
     run.read_steps()
