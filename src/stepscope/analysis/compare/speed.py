@@ -33,7 +33,7 @@ than ``MIN_SHARE_DIFF`` is never called a change.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,15 @@ class SpeedMetric:
             "noise_rel": self.noise_rel, "change": self.change,
         }
 
+    @classmethod
+    def from_dict(cls, name: str, d: Mapping[str, Any]) -> SpeedMetric:
+        """The metric ``to_dict`` gave (an interval's bound stored as null is NaN)."""
+        def pair(v: Any) -> tuple[float, float] | None:
+            return None if v is None else (_nan(v[0]), _nan(v[1]))
+        return cls(name, d["a"], d["b"], d["better"], diff=d["diff"], diff_rel=d["diff_rel"],
+                   ci=pair(d["ci"]), ci_rel=pair(d["ci_rel"]), noise_rel=d["noise_rel"],
+                   change=d["change"], diff_pp=d["diff_pp"])
+
 
 @dataclass
 class SpeedLedger:
@@ -126,6 +135,21 @@ class SpeedLedger:
                    steps_used=list(self.steps_used), seed=self.seed,
                    excluded={k: list(v) for k, v in self.excluded.items()})
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SpeedLedger:
+        """The ledger ``to_dict`` gave."""
+        own = ("verdict", "reason", "primary", "ci_level", "steps_used", "seed", "excluded")
+        metrics = {k: SpeedMetric.from_dict(k, v) for k, v in d.items() if k not in own}
+        a, b = d["steps_used"]
+        return cls(verdict=d["verdict"], primary=d["primary"], metrics=metrics,
+                   steps_used=(a, b), ci_level=d["ci_level"], seed=d["seed"],
+                   reason=d["reason"],
+                   excluded={k: (v[0], v[1]) for k, v in d["excluded"].items()})
+
+
+def _nan(v: float | None) -> float:
+    return math.nan if v is None else float(v)
 
 
 def _none(x: float) -> float | None:
