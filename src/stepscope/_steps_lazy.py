@@ -47,10 +47,12 @@ __all__ = ["CachedColumns", "Part", "open_part", "deferred_table", "RESIDENT_BYT
 
 # Columns the process keeps read at once, over all deferred tables (bytes). A command reads
 # ~25 columns; at 9.6 million rows each is 77 MB, and all of them plus the analyses'
-# selections and temporaries passed 2.3 GB (1.8 GB with this bound). A column dropped is
-# read again from the cache (page cache: ~20 ms for 77 MB); one table of 27 columns under
-# 2.4 million rows never drops one.
-RESIDENT_BYTES = 1 << 29
+# selections and temporaries passed 2.3 GB (1.8 GB with 512 MB held). Two such runs in
+# ``compare`` peaked at 2,098 MB cold with 512 MB held in all, so 256 MB: ~3 columns at
+# that size, the ones in use; a column dropped is read again from the cache (page cache:
+# ~20 ms for 77 MB; 98 reads instead of 73 for a 1.9 M-record pair at the same ratio),
+# and one table of 27 columns under 1.2 million rows never drops one.
+RESIDENT_BYTES = 1 << 28
 _F8 = np.dtype("<f8")
 _FORMAT: Any = np.lib.format  # its readers are untyped
 _HEADER_MAX = 1 << 16
