@@ -13,12 +13,18 @@ it), in the same order.
 The open segment files keep the columns readable while another reader compacts or
 rebuilds the cache (a replaced or removed file stays readable through its descriptor);
 they are closed when the columns are no longer referenced.
+
+The bound on columns held (``RESIDENT_BYTES``) is one for the process, over every such
+table alive: ``compare`` holds two runs' tables (and ``--repeat`` more), and a bound per
+table let each keep its own 512 MB (1 GB of the 4.2 GB peak of a 9.6-million-record
+pair).
 """
 
 from __future__ import annotations
 
 import io
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,11 +45,14 @@ from .schema import (
 
 __all__ = ["CachedColumns", "Part", "open_part", "deferred_table", "RESIDENT_BYTES"]
 
-# Columns a table keeps read at once (bytes). A command reads ~25 columns; at 9.6 million
-# rows each is 77 MB, and all of them plus the analyses' selections and temporaries passed
-# 2.3 GB (1.8 GB with this bound). A column dropped is read again from the cache (page
-# cache: ~20 ms for 77 MB); a table of 27 columns under 2.4 million rows never drops one.
-RESIDENT_BYTES = 1 << 29
+# Columns the process keeps read at once, over all deferred tables (bytes). A command reads
+# ~25 columns; at 9.6 million rows each is 77 MB, and all of them plus the analyses'
+# selections and temporaries passed 2.3 GB (1.8 GB with 512 MB held). Two such runs in
+# ``compare`` peaked at 2,098 MB cold with 512 MB held in all, so 256 MB: ~3 columns at
+# that size, the ones in use; a column dropped is read again from the cache (page cache:
+# ~20 ms for 77 MB; 98 reads instead of 73 for a 1.9 M-record pair at the same ratio),
+# and one table of 27 columns under 1.2 million rows never drops one.
+RESIDENT_BYTES = 1 << 28
 _F8 = np.dtype("<f8")
 _FORMAT: Any = np.lib.format  # its readers are untyped
 _HEADER_MAX = 1 << 16
@@ -127,19 +136,66 @@ def _cost(arr: AnyArray) -> int:
     return 0 if arr.ndim == 1 and arr.strides == (0,) else int(arr.nbytes)
 
 
-class _Deferred(Mapping[str, AnyArray]):
-    """A step table's columns, each read from ``src`` on first access and kept while they
-    fit ``RESIDENT_BYTES`` (the least recently used one is dropped first and read again
-    when asked for: same values, a new array)."""
+class _Resident:
+    """The columns every deferred table of the process holds, least recently used first:
+    over ``RESIDENT_BYTES`` in all, the oldest is dropped from its table (any table)."""
 
-    __slots__ = ("_src", "_names", "_got", "_held")
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # a collected table's finalizer may run inside add
+        self._order: OrderedDict[tuple[int, str], int] = OrderedDict()  # -> bytes
+        self._tables: dict[int, weakref.ref[_Deferred]] = {}
+        self.held = 0
+
+    def touch(self, table: _Deferred, name: str) -> None:
+        with self._lock:
+            key = (id(table), name)
+            if key in self._order:
+                self._order.move_to_end(key)
+
+    def add(self, table: _Deferred, name: str, cost: int) -> None:
+        """``table`` now holds ``name``; older columns are dropped while over the bound
+        (the new one is kept whatever its size, as a read needs it)."""
+        with self._lock:
+            if id(table) not in self._tables:
+                self._tables[id(table)] = weakref.ref(table)
+                weakref.finalize(table, self.forget, id(table))
+            self.held += cost
+            while self.held > RESIDENT_BYTES and self._order:
+                (owner, old), c = self._order.popitem(last=False)
+                self.held -= c
+                ref = self._tables.get(owner)
+                victim = ref() if ref is not None else None
+                if victim is not None:
+                    victim._got.pop(old, None)
+            self._order[(id(table), name)] = cost
+
+    def forget(self, table_id: int) -> None:
+        """A table was collected: its columns no longer count."""
+        with self._lock:
+            self._tables.pop(table_id, None)
+            for key in [k for k in self._order if k[0] == table_id]:
+                self.held -= self._order.pop(key)
+
+
+_RESIDENT = _Resident()
+
+
+class _Deferred(Mapping[str, AnyArray]):
+    """A step table's columns, each read from ``src`` on first access and kept while the
+    process's deferred tables fit ``RESIDENT_BYTES`` together (the least recently used
+    column of any of them is dropped first and read again when asked for: same values, a
+    new array)."""
+
+    __slots__ = ("_src", "_names", "_got", "__weakref__")
 
     def __init__(self, src: CachedColumns, names: list[str],
                  got: dict[str, AnyArray]) -> None:
         self._src = src
         self._names = names
-        self._got: OrderedDict[str, AnyArray] = OrderedDict(got)
-        self._held = sum(_cost(a) for a in got.values())
+        self._got: dict[str, AnyArray] = {}
+        for k, v in got.items():
+            self._got[k] = v
+            _RESIDENT.add(self, k, _cost(v))
 
     def _load(self, name: str) -> AnyArray:
         src = self._src
@@ -158,15 +214,13 @@ class _Deferred(Mapping[str, AnyArray]):
     def __getitem__(self, name: str) -> AnyArray:
         got = self._got.get(name)
         if got is not None:
-            self._got.move_to_end(name)
+            _RESIDENT.touch(self, name)
             return got
         if name not in self._names:
             raise KeyError(name)
         got = self._load(name)
-        self._held += _cost(got)
-        while self._held > RESIDENT_BYTES and self._got:
-            self._held -= _cost(self._got.popitem(last=False)[1])
         self._got[name] = got
+        _RESIDENT.add(self, name, _cost(got))
         return got
 
     def __iter__(self) -> Iterator[str]:

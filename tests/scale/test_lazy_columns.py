@@ -4,6 +4,7 @@ and still readable when another reader rebuilds the cache underneath it."""
 
 from __future__ import annotations
 
+import gc
 import shutil
 from pathlib import Path
 
@@ -88,3 +89,38 @@ def test_columns_dropped_over_the_budget_are_read_again_equal(
     assert len(warm._cols._got) == 1
     assert summarize(warm).to_dict() == summarize(cold).to_dict()
     assert diagnose(warm).to_dict() == diagnose(cold).to_dict()
+
+
+def test_the_bound_on_columns_held_is_one_for_every_table_of_the_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare holds two runs' tables: together they keep at most the bound (plus the
+    column just read), the least recently used column of either is dropped first, and a
+    dropped column reads again equal."""
+    from stepscope import _steps_lazy
+
+    runs = [_run(tmp_path / name, ranks=4, steps=120) for name in ("a", "b")]
+    colds = [r.read_steps(cache=False)[0] for r in runs]
+    for r in runs:
+        r.read_steps()  # builds the cache
+    col_bytes = 4 * 120 * 8
+    monkeypatch.setattr(_steps_lazy, "RESIDENT_BYTES", 5 * col_bytes)
+    a, b = (r.read_steps()[0] for r in runs)
+    for t in (a, b):  # rank and step of each are held from the start
+        assert set(t._cols._got) == {"rank", "step"}
+    a["step_time_s"]  # 5 columns held: the bound
+    b["step_time_s"]  # over it: a's rank, the oldest, goes
+    assert set(a._cols._got) == {"step", "step_time_s"}
+    a["step"]  # used again: now b's rank is the oldest
+    b["tokens"]
+    assert set(b._cols._got) == {"step", "step_time_s", "tokens"}
+    cost = _steps_lazy._cost  # a never-recorded column is one shared NaN: 0 bytes
+    held = sum(cost(v) for t in (a, b) for v in t._cols._got.values())
+    assert held <= 5 * col_bytes and _steps_lazy._RESIDENT.held == held
+    for t, cold in zip((a, b), colds, strict=True):
+        assert_tables_equal(t, cold)  # every column read again where dropped
+    before = _steps_lazy._RESIDENT.held
+    n_b = sum(cost(v) for v in b._cols._got.values())
+    assert 0 < n_b and before <= 5 * col_bytes + col_bytes
+    del b, t  # a collected table's columns no longer count
+    gc.collect()
+    assert _steps_lazy._RESIDENT.held == before - n_b

@@ -75,6 +75,8 @@ COMMANDS = {
     "diagnose --json": lambda a, b: ("diagnose", a, "--json"),
     "diagnose": lambda a, b: ("diagnose", a),
     "compare --json": lambda a, b: ("compare", a, b, "--json", "--allow-multi"),
+    "compare": lambda a, b: ("compare", a, b, "--allow-multi"),
+    "compare --markdown": lambda a, b: ("compare", a, b, "--markdown"),
 }
 
 
@@ -89,6 +91,27 @@ def test_stored_answer_equals_the_computed_one(runs: tuple[Path, Path], name: st
     assert (again.stdout, again.returncode) == (first.stdout, first.returncode)
     fresh = _fresh(a, *argv)
     assert (fresh.stdout, fresh.returncode) == (first.stdout, first.returncode)
+
+
+def test_compare_views_are_drawn_from_the_one_stored_comparison(runs: tuple[Path, Path]
+                                                                ) -> None:
+    """The terminal view, the Markdown table and --json share one entry; a view is drawn
+    from the comparison rebuilt from it only when it was stored whole."""
+    a, b = runs
+    fresh_json = _fresh(a, "compare", a, b, "--json", "--allow-multi")
+    text = _cli("compare", a, b, "--allow-multi")
+    (entry,) = _entries(a)
+    d = orjson.loads(entry.read_bytes())
+    assert d["doc"]["whole"] is True and d["doc"]["names"] == ["a", "b"]
+    assert _cli("compare", a, b, "--json", "--allow-multi").stdout == fresh_json.stdout
+    d["doc"]["comparison"]["speed"]["reason"] = "planted reason"
+    entry.write_bytes(orjson.dumps(d))
+    planted = _cli("compare", a, b, "--allow-multi").stdout
+    assert "planted reason" in planted and planted != text.stdout
+    d["doc"]["whole"] = False  # a comparison that did not survive JSON: computed again
+    entry.write_bytes(orjson.dumps(d))
+    assert _cli("compare", a, b, "--allow-multi").stdout == text.stdout
+    assert len(_entries(a)) == 1
 
 
 def test_the_store_is_what_a_warm_run_reads(runs: tuple[Path, Path]) -> None:

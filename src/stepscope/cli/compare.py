@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import orjson
 
 from .._summary_store import Stored
 from ..analysis.compare.quality import eval_record
@@ -57,11 +58,17 @@ def load_for_compare(path: str | Path) -> tuple[StepTable, RunMeta, list[dict[st
 def compare_cmd(ctx: click.Context, run_a: str, run_b: str, as_json: bool, markdown: bool,
                 allow_multi: bool, seed: int, repeats: tuple[str, ...]) -> None:
     """Compare RUN_B against the baseline RUN_A: one variable, two ledgers, one verdict."""
-    # The --json document of the same runs, unchanged since, from RUN_A's summary store.
-    entry = _stored_comparison(run_a, run_b, repeats, seed) if as_json else None
-    doc = entry.get() if entry is not None else None
-    if doc is not None:
-        emit_json(doc)
+    # The comparison of the same runs, unchanged since, from RUN_A's summary store: the
+    # --json document as stored; the terminal and Markdown views from the comparison
+    # rebuilt, when it was stored whole (a NaN, stored as null, is not).
+    entry = _stored_comparison(run_a, run_b, repeats, seed)
+    hit = _usable(entry.get() if entry is not None else None, as_json)
+    if hit is not None:
+        doc, stored = hit
+        if stored is None:
+            emit_json(doc)
+        else:
+            _emit_comparison(stored, as_json, markdown)
         if doc["verdict"] == "invalid" and not allow_multi:
             ctx.exit(EXIT_INVALID)
         return
@@ -77,9 +84,35 @@ def compare_cmd(ctx: click.Context, run_a: str, run_b: str, as_json: bool, markd
                                       RunDir(run_b).read_conditions()))
     _emit_comparison(result, as_json, markdown)
     if entry is not None:
-        entry.put(result.to_dict())
+        entry.put(_stored_doc(result))
     if result.verdict == "invalid" and not allow_multi:
         ctx.exit(EXIT_INVALID)
+
+
+def _stored_doc(result: Comparison) -> dict[str, Any]:
+    """What the store keeps: the comparison, and whether it comes back whole from JSON
+    (then the views may be drawn from it; a NaN comes back as null, and is not)."""
+    doc = result.to_store()
+    try:
+        whole = Comparison.from_store(orjson.loads(orjson.dumps(doc))) == result
+    except (KeyError, TypeError, ValueError, IndexError, orjson.JSONEncodeError):
+        whole = False
+    return {**doc, "whole": whole}
+
+
+def _usable(doc: Any, as_json: bool) -> tuple[dict[str, Any], Comparison | None] | None:
+    """(the --json document, the comparison for a view, or None with --json) of a stored
+    entry; None when it is not usable (not this shape, or not whole for a view)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("comparison"), dict):
+        return None
+    if as_json:
+        return doc["comparison"], None
+    if doc.get("whole") is not True:
+        return None
+    try:
+        return doc["comparison"], Comparison.from_store(doc)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None  # an entry of another shape: computed again
 
 
 def _stored_comparison(run_a: str, run_b: str, repeats: tuple[str, ...], seed: int

@@ -75,6 +75,12 @@ class QualityMetric:
                 "diff": self.diff, "tolerance": self.tolerance, "verdict": self.verdict,
                 "note": self.note}
 
+    @classmethod
+    def from_dict(cls, name: str, d: Mapping[str, Any]) -> QualityMetric:
+        """The metric ``to_dict`` gave."""
+        return cls(name, d["a"], d["b"], d["better"], at=dict(d["at"]), diff=d["diff"],
+                   tolerance=d["tolerance"], verdict=d["verdict"], note=d["note"])
+
 
 @dataclass
 class QualityLedger:
@@ -86,6 +92,13 @@ class QualityLedger:
         out: dict[str, Any] = {k: m.to_dict() for k, m in self.metrics.items()}
         out.update(verdict=self.verdict, warnings=list(self.warnings))
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> QualityLedger:
+        """The ledger ``to_dict`` gave (its metrics are named ``train_loss``, ``eval:*``)."""
+        metrics = {k: QualityMetric.from_dict(k, v) for k, v in d.items()
+                   if k not in ("verdict", "warnings")}
+        return cls(verdict=d["verdict"], metrics=metrics, warnings=list(d["warnings"]))
 
 
 def latest_evals(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:

@@ -92,6 +92,11 @@ class Difference:
                 "condition": self.condition}
 
     @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Difference:
+        return cls(d["variable"], d["a"], d["b"], derived_from=d["derived_from"],
+                   warning=d["warning"], condition=d["condition"])
+
+    @classmethod
     def of_condition(cls, d: ConditionDiff) -> Difference:
         return cls(d.name, d.a, d.b, warning=d.message, condition=d.kind)
 
@@ -211,6 +216,25 @@ class Comparison:
             "speed": self.speed.to_dict(),
             "quality": self.quality.to_dict(),
         }
+
+    def to_store(self) -> dict[str, Any]:
+        """``to_dict`` with what only the terminal and Markdown views show (the verdict's
+        reasons, the runs' names), for :meth:`from_store`."""
+        return {"comparison": self.to_dict(), "reasons": list(self.reasons),
+                "names": list(self.names)}
+
+    @classmethod
+    def from_store(cls, d: Mapping[str, Any]) -> Comparison:
+        """The comparison ``to_store`` gave. Equal to the original when its values survive
+        JSON (a NaN does not: it is stored as null)."""
+        c = d["comparison"]
+        a, b = d["names"]
+        return cls(verdict=c["verdict"],
+                   differing=[Difference.from_dict(x) for x in c["differing"]],
+                   environment=[Difference.from_dict(x) for x in c["environment"]],
+                   speed=SpeedLedger.from_dict(c["speed"]),
+                   quality=QualityLedger.from_dict(c["quality"]),
+                   reasons=list(d["reasons"]), names=(a, b))
 
 
 def _verdict(independent: Sequence[Difference], speed: SpeedLedger,

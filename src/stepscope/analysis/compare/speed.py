@@ -33,7 +33,7 @@ than ``MIN_SHARE_DIFF`` is never called a change.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,15 @@ class SpeedMetric:
             "noise_rel": self.noise_rel, "change": self.change,
         }
 
+    @classmethod
+    def from_dict(cls, name: str, d: Mapping[str, Any]) -> SpeedMetric:
+        """The metric ``to_dict`` gave (an interval's bound stored as null is NaN)."""
+        def pair(v: Any) -> tuple[float, float] | None:
+            return None if v is None else (_nan(v[0]), _nan(v[1]))
+        return cls(name, d["a"], d["b"], d["better"], diff=d["diff"], diff_rel=d["diff_rel"],
+                   ci=pair(d["ci"]), ci_rel=pair(d["ci_rel"]), noise_rel=d["noise_rel"],
+                   change=d["change"], diff_pp=d["diff_pp"])
+
 
 @dataclass
 class SpeedLedger:
@@ -126,6 +135,21 @@ class SpeedLedger:
                    steps_used=list(self.steps_used), seed=self.seed,
                    excluded={k: list(v) for k, v in self.excluded.items()})
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SpeedLedger:
+        """The ledger ``to_dict`` gave."""
+        own = ("verdict", "reason", "primary", "ci_level", "steps_used", "seed", "excluded")
+        metrics = {k: SpeedMetric.from_dict(k, v) for k, v in d.items() if k not in own}
+        a, b = d["steps_used"]
+        return cls(verdict=d["verdict"], primary=d["primary"], metrics=metrics,
+                   steps_used=(a, b), ci_level=d["ci_level"], seed=d["seed"],
+                   reason=d["reason"],
+                   excluded={k: (v[0], v[1]) for k, v in d["excluded"].items()})
+
+
+def _nan(v: float | None) -> float:
+    return math.nan if v is None else float(v)
 
 
 def _none(x: float) -> float | None:
@@ -188,35 +212,70 @@ def _point(name: str, s: StepSample) -> float | None:
     return _none(float(spec.stat(s, np.ones((1, s.n_steps)))[0]) * scale)
 
 
-def _noise(name: str, sa: StepSample, sb: StepSample, repeats: Sequence[StepSample],
+@dataclass(frozen=True)
+class _RunSpeed:
+    """What the ledger needs of one run's sample: each metric's point value, its unscaled
+    statistic, split-half drift and step-to-step spread, and the bootstrap over the
+    blocked sample. Computed run by run, so one run's (steps x ranks) matrices are let go
+    before the next run's are made (~500 MB each at 9.6 million rows)."""
+
+    n_steps: int
+    warmup_rows: int
+    outlier_steps: int
+    mem_peak_bytes: float | None
+    point: dict[str, float | None]
+    raw: dict[str, float]
+    split: dict[str, float]
+    spread: dict[str, float]
+    boot: _Boot | None
+
+    @classmethod
+    def of(cls, s: StepSample, boot: tuple[int, int, int] | None) -> _RunSpeed:
+        """``boot``: (replicates, seed, which run) to draw the bootstrap, or None."""
+        point = {name: _point(name, s) for name in METRICS} if s.n_steps else {}
+        raw: dict[str, float] = {}
+        split: dict[str, float] = {}
+        spread: dict[str, float] = {}
+        for name, value in point.items():
+            if value is None or boot is None:
+                continue  # the ledger compares only metrics both runs have
+            spec = METRICS[name]
+            raw[name] = _raw(s, spec.stat)
+            split[name] = split_half_rel(s, spec.stat)
+            spread[name] = spread_rel(s, spec.per_step)
+        return cls(s.n_steps, s.warmup_rows, s.outlier_steps, s.mem_peak_bytes, point, raw,
+                   split, spread, _Boot.of(s, *boot) if boot and s.n_steps else None)
+
+
+def _noise(name: str, ra: _RunSpeed, rb: _RunSpeed, repeats: Sequence[_RunSpeed],
            a: float, min_effect_rel: float) -> float:
     """The runs' own noise for one metric (see module doc), relative."""
-    spec = METRICS[name]
-    parts = [split_half_rel(sa, spec.stat), split_half_rel(sb, spec.stat),
-             spread_rel(sa, spec.per_step), spread_rel(sb, spec.per_step), min_effect_rel]
+    parts = [ra.split[name], rb.split[name], ra.spread[name], rb.spread[name],
+             min_effect_rel]
     for rep in repeats:  # measured run-to-run noise: the baseline against its repeat
-        value = _point(name, rep)
+        value = rep.point.get(name)
         if value is not None:
             parts.append(abs(value / a - 1.0))
     return max(parts)
 
 
-def _metric(name: str, sa: StepSample, sb: StepSample, repeats: Sequence[StepSample],
-            boots: tuple[_Boot, _Boot], min_effect_rel: float) -> SpeedMetric:
+def _metric(name: str, ra: _RunSpeed, rb: _RunSpeed, repeats: Sequence[_RunSpeed],
+            min_effect_rel: float) -> SpeedMetric:
     stat = METRICS[name].stat
-    a, b = _point(name, sa), _point(name, sb)
+    a, b = ra.point[name], rb.point[name]
     m = SpeedMetric(name, a, b, METRICS[name].better)
     if a is None or b is None or a == 0:
         return m
+    assert ra.boot is not None and rb.boot is not None
     m.diff, m.diff_rel = b - a, b / a - 1.0
-    boot_a = boots[0].replicates(stat) * (a / _raw(sa, stat))
-    boot_b = boots[1].replicates(stat) * (b / _raw(sb, stat))
+    boot_a = ra.boot.replicates(stat) * (a / ra.raw[name])
+    boot_b = rb.boot.replicates(stat) * (b / rb.raw[name])
     ok = np.isfinite(boot_a) & np.isfinite(boot_b) & (boot_a != 0)
     tail = (1.0 - CI_LEVEL) / 2 * 100
     d = np.percentile(boot_b[ok] - boot_a[ok], [tail, 100 - tail])
     r = np.percentile(boot_b[ok] / boot_a[ok] - 1.0, [tail, 100 - tail])
     m.ci, m.ci_rel = (float(d[0]), float(d[1])), (float(r[0]), float(r[1]))
-    noise = _noise(name, sa, sb, repeats, a, min_effect_rel)
+    noise = _noise(name, ra, rb, repeats, a, min_effect_rel)
     m.noise_rel = _none(noise)
     m.change = _judge(m, m.ci_rel, noise)
     if m.is_share:
@@ -231,7 +290,7 @@ def _raw(s: StepSample, stat: Stat) -> float:
     return float(stat(s, np.ones((1, s.n_steps)))[0])
 
 
-def _memory(sa: StepSample, sb: StepSample) -> SpeedMetric:
+def _memory(sa: _RunSpeed, sb: _RunSpeed) -> SpeedMetric:
     # A peak is one number per run, not a per-step sample: no interval, and any growth
     # is reported as it is (memory is deterministic for a fixed configuration).
     m = SpeedMetric("mem_peak_bytes", sa.mem_peak_bytes, sb.mem_peak_bytes, "lower")
@@ -277,15 +336,16 @@ def speed_ledger(table_a: StepTable, meta_a: RunMeta | None, table_b: StepTable,
         ledger = speed_ledger(ta, ma, tb, mb, seed=0)
         ledger.metrics["tokens_per_s"].ci_rel    # e.g. (0.081, 0.094): B is 8-9% faster
     """
-    sa = step_sample(table_a, meta_a, conditions[0])
-    sb = step_sample(table_b, meta_b, conditions[1])
-    repeats = [step_sample(t, m) for t, m in baseline_repeats]
+    # One run's sample at a time: each is reduced to what the ledger needs, then let go.
+    sa = _RunSpeed.of(step_sample(table_a, meta_a, conditions[0]), (n_boot, seed, 0))
+    sb = _RunSpeed.of(step_sample(table_b, meta_b, conditions[1]), (n_boot, seed, 1))
+    repeats = [_RunSpeed.of(step_sample(t, m), None) for t, m in baseline_repeats]
     metrics: dict[str, SpeedMetric] = {}
     if sa.n_steps and sb.n_steps:
-        boots = (_Boot.of(sa, n_boot, seed, 0), _Boot.of(sb, n_boot, seed, 1))
-        with shared_products([w for boot in boots for w in boot.weights]):
+        assert sa.boot is not None and sb.boot is not None
+        with shared_products([w for boot in (sa.boot, sb.boot) for w in boot.weights]):
             for name in METRICS:
-                metrics[name] = _metric(name, sa, sb, repeats, boots, min_effect_rel)
+                metrics[name] = _metric(name, sa, sb, repeats, min_effect_rel)
     metrics["mem_peak_bytes"] = _memory(sa, sb)
     primary = next((p for p in _PRIMARY if p in metrics and metrics[p].diff_rel is not None),
                    None)
