@@ -79,25 +79,30 @@ def _np_unique(x: AnyArray, index: bool, inverse: bool) -> Any:
 
 
 class LastResult(Generic[T]):
-    """The last result of ``fn(*keys, *rest)``, reused while the same keys come again.
+    """The last results of ``fn(*keys, *rest)``, reused while the same keys come again.
 
     ``keys`` (arrays, tables) are matched by identity through weak references (a result
     never keeps a table alive, and a new object at a reused address is never mistaken for
-    the old one); ``rest`` by identity too. One entry: a command analyses one table at a
-    time. Callers must not modify a result (masks are returned read-only).
+    the old one); ``rest`` by identity too. ``entries``: how many are kept, the most
+    recently used first (one: a command analyses one table at a time; two where it
+    alternates between two, as ``compare`` does). Callers must not modify a result
+    (masks are returned read-only).
     """
 
-    def __init__(self, fn: Callable[..., T]) -> None:
+    def __init__(self, fn: Callable[..., T], entries: int = 1) -> None:
         self._fn = fn
-        self._last: tuple[tuple[weakref.ref[Any], ...], tuple[Any, ...], T] | None = None
+        self._entries = entries
+        self._kept: list[tuple[tuple[weakref.ref[Any], ...], tuple[Any, ...], T]] = []
 
     def __call__(self, arrays: tuple[Any, ...], rest: tuple[Any, ...] = ()) -> T:
-        last = self._last
-        if (last is not None and len(last[0]) == len(arrays)
-                and all(r() is a for r, a in zip(last[0], arrays, strict=True))
-                and len(last[1]) == len(rest)
-                and all(x is y for x, y in zip(last[1], rest, strict=True))):
-            return last[2]
+        for i, (refs, args, result) in enumerate(self._kept):
+            if (len(refs) == len(arrays)
+                    and all(r() is a for r, a in zip(refs, arrays, strict=True))
+                    and len(args) == len(rest)
+                    and all(x is y for x, y in zip(args, rest, strict=True))):
+                self._kept.insert(0, self._kept.pop(i))
+                return result
         result = self._fn(*arrays, *rest)
-        self._last = (tuple(weakref.ref(a) for a in arrays), rest, result)
+        self._kept = [(tuple(weakref.ref(a) for a in arrays), rest, result),
+                      *self._kept[:self._entries - 1]]
         return result

@@ -104,8 +104,10 @@ def _window(t: StepTable) -> tuple[float, float]:
 
 
 def _samples(conditions: Conditions | None, t: StepTable, key: str) -> AnyArray:
+    if not conditions:  # before the window: it reads two columns of every headline row
+        return np.array([])
     t0, t1 = _window(t)
-    if not conditions or not math.isfinite(t0):
+    if not math.isfinite(t0):
         return np.array([])
     return rg.window_values(rg.condition_columns(conditions), key, t0, t1)
 

@@ -150,10 +150,14 @@ def usage_wall(table: StepTable) -> AnyArray:
     order = None if is_ordered(rank, step) else np.lexsort((step, rank))
     if order is not None:
         rank, step, end, st = rank[order], step[order], end[order], st[order]
-    wall = st.copy()
-    gap = np.diff(end)
-    prev = (rank[1:] == rank[:-1]) & (step[1:] == step[:-1] + 1) & np.isfinite(gap) & (gap > 0)
-    wall[1:][prev] = gap[prev]
+    wall = np.empty_like(st)
+    wall[0] = st[0]
+    np.subtract(end[1:], end[:-1], out=wall[1:])
+    with np.errstate(invalid="ignore"):
+        own = ~(wall[1:] > 0)  # NaN too
+    own |= rank[1:] != rank[:-1]
+    own |= step[1:] != step[:-1] + 1
+    wall[1:][own] = st[1:][own]
     if order is None:
         return wall
     out = np.empty_like(wall)

@@ -109,7 +109,7 @@ def _steady_mask(rank: AnyArray, step: AnyArray, step_time: AnyArray, n_rows: in
     return mask
 
 
-_STEADY = LastResult(_steady_mask)
+_STEADY = LastResult(_steady_mask, entries=2)
 
 
 def headline_mask(table: StepTable, conditions: Conditions | None = None
@@ -136,7 +136,9 @@ def _headline_mask(table: StepTable, conditions: Conditions | None
     return mask, regimes
 
 
-_HEADLINE = LastResult(_headline_mask)
+# Two: compare takes both runs' headline steps for the speed ledger, then again for the
+# condition differences (each recomputation is a regime search over every row).
+_HEADLINE = LastResult(_headline_mask, entries=2)
 
 
 def _regime_notes(regimes: Regimes) -> list[str]:
