@@ -43,7 +43,6 @@ import orjson
 
 from ._steps_decode import VALUE_RULES, Block, ReadStats, concat_blocks, decode_steps
 from ._steps_lazy import CachedColumns, Part, open_part
-from .schema import STEP_COLUMN_NAMES
 
 __all__ = ["load_rank_file", "uncached_bytes", "load_cached_run", "covered", "CACHE_FORMAT"]
 
@@ -142,16 +141,9 @@ def _save_array(path: Path, arr: np.ndarray[Any, Any]) -> None:
     _replace_from_tmp(path, lambda f: np.save(f, arr, allow_pickle=False))
 
 
-_IDS = frozenset({"rank", "step"})
-_KNOWN_FLOAT = frozenset(STEP_COLUMN_NAMES) - _IDS
-
-
 def _segment_columns(block: Block) -> list[str]:
-    """The block's columns less the known ones it holds no value of (see the module
-    docstring); ``rank`` and ``step`` always, and every column of an empty block."""
-    return [c for c, v in block.cols.items()
-            if not (block.n and c in _KNOWN_FLOAT and c not in block.flags
-                    and bool(np.isnan(v).all()))]
+    """The block's columns less those it never recorded (see the module docstring)."""
+    return [c for c in block.cols if not block.never_recorded(c)]
 
 
 def _write_segment(cache_dir: Path, source: Path, block: Block) -> dict[str, Any]:

@@ -171,6 +171,15 @@ class Block:
     cols: dict[str, AnyArray]
     flags: dict[str, AnyArray] = field(default_factory=dict)
 
+    def never_recorded(self, name: str) -> bool:
+        """A known column of rows none of which recorded it: NaN throughout, no explicit
+        "NaN". The step table holds it as one shared NaN; the cache does not store it."""
+        return (bool(self.n) and name in _KNOWN_FLOAT and name not in self.flags
+                and bool(np.isnan(self.cols[name]).all()))
+
+
+_KNOWN_FLOAT = frozenset(STEP_COLUMN_NAMES) - {"rank", "step"}
+
 
 def concat_blocks(blocks: Iterable[Block], consume: bool = False) -> Block:
     """One block of ``blocks``' rows in order (a column missing in a part is NaN there).

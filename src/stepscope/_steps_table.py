@@ -27,7 +27,7 @@ from ._fastnp import is_ordered
 from ._steps_cache import covered, load_cached_run, load_rank_file, uncached_bytes
 from ._steps_decode import Block, ReadStats, concat_blocks
 from ._steps_lazy import deferred_table
-from .schema import STEP_COLUMN_NAMES, AnyArray, StepTable
+from .schema import AnyArray, StepTable
 
 __all__ = ["read_step_files", "merge_duplicates", "block_to_table"]
 
@@ -37,7 +37,6 @@ DUPLICATE_ACROSS = "duplicate (rank, step) in another rank file"
 # back) than it saves; measured on the benchmark's 400-byte records.
 _PARALLEL_MIN_BYTES = 8 << 20
 _IDS = ("rank", "step")
-_KNOWN_FLOAT = frozenset(STEP_COLUMN_NAMES) - frozenset(_IDS)
 # Written when a step closes, never in a late record (Recorder.log after the step).
 _TIMING = frozenset({"end_s", "wall_time_s", "step_time_s"})
 
@@ -105,7 +104,7 @@ def merge_duplicates(block: Block, source: str, stats: ReadStats,
 def block_to_table(block: Block) -> StepTable:
     cols: dict[str, AnyArray] = {}
     for k, v in block.cols.items():
-        if k in _KNOWN_FLOAT and k not in block.flags and bool(np.isnan(v).all()):
+        if block.never_recorded(k):
             continue  # never recorded: the table holds it as one shared NaN, not n floats
         cols[k] = v.astype(np.int64) if k in _IDS else v
         if k in block.flags:
