@@ -64,11 +64,14 @@ class ConditionDiff:
         return asdict(self)
 
 
-def _per_step(table: StepTable, conditions: Conditions | None) -> tuple[StepTable, AnyArray]:
+def _per_step(table: StepTable, conditions: Conditions | None
+              ) -> tuple[StepTable, AnyArray | None]:
     """The headline steps, and the wall seconds their usage columns cover
     (``regimes.usage_wall``) taken from the whole table: a headline step's predecessor
     need not be one."""
     mask, _ = headline_mask(table, conditions)
+    if not (table.has_data("cpu_s") or table.has_data("preempt")):
+        return (table.select(mask) if mask.any() else table), None  # nothing to rate
     wall = rg.usage_wall(table)
     return (table.select(mask), wall[mask]) if mask.any() else (table, wall)
 
@@ -112,16 +115,18 @@ def _samples(conditions: Conditions | None, t: StepTable, key: str) -> AnyArray:
     return rg.window_values(rg.condition_columns(conditions), key, t0, t1)
 
 
-def cpu_share(cond: Conditions | None, t: StepTable) -> float | None:
-    """The training thread's on-CPU share (schedstat), else CPU per wall-second."""
+def cpu_share(cond: Conditions | None, t: StepTable, wall: AnyArray | None = None
+              ) -> float | None:
+    """The training thread's on-CPU share (schedstat), else CPU per wall-second (``wall``:
+    the seconds each row's usage covers, when ``t`` is a selection of a larger table)."""
     v = _samples(cond, t, "main_oncpu_frac")
     if v.size:
         return float(np.median(v))
-    c = _rate(t, "cpu_s")
+    c = _rate(t, "cpu_s", wall)
     return float(np.median(c)) if c.size else None
 
 
-def _step_diffs(ta: StepTable, wa: AnyArray, tb: StepTable, wb: AnyArray
+def _step_diffs(ta: StepTable, wa: AnyArray | None, tb: StepTable, wb: AnyArray | None
                 ) -> list[ConditionDiff]:
     """Contention from the step table: one run was preempted more often per second AND got
     less CPU per wall-second (both beyond noise). More preemptions with as much CPU is a
@@ -152,7 +157,8 @@ def _step_diffs(ta: StepTable, wa: AnyArray, tb: StepTable, wb: AnyArray
     ]
 
 
-def _sample_diffs(ta: StepTable, cond_a: Conditions | None, tb: StepTable,
+def _sample_diffs(ta: StepTable, wa: AnyArray | None, cond_a: Conditions | None,
+                  tb: StepTable, wb: AnyArray | None,
                   cond_b: Conditions | None) -> list[ConditionDiff]:
     out: list[ConditionDiff] = []
 
@@ -172,7 +178,7 @@ def _sample_diffs(ta: StepTable, cond_a: Conditions | None, tb: StepTable,
                 f"contention: the training thread of run {'AB'[k]} ran {o[k]:.0%} of the "
                 f"wall time against {o[1 - k]:.0%} and queued for a CPU {q[k]:.0%} of it "
                 f"against {q[1 - k]:.0%}"))
-    share = (cpu_share(cond_a, ta), cpu_share(cond_b, tb))
+    share = (cpu_share(cond_a, ta, wa), cpu_share(cond_b, tb, wb))
 
     checks = (
         ("others_cpu_cores", "contention", rg.OTHERS_CORES_DELTA,
@@ -210,7 +216,7 @@ def condition_differences(table_a: StepTable, cond_a: Conditions | None,
     (ta, wa), (tb, wb) = _per_step(table_a, cond_a), _per_step(table_b, cond_b)
     if not len(ta) or not len(tb):
         return []
-    return _step_diffs(ta, wa, tb, wb) + _sample_diffs(ta, cond_a, tb, cond_b)
+    return _step_diffs(ta, wa, tb, wb) + _sample_diffs(ta, wa, cond_a, tb, wb, cond_b)
 
 
 def _regime_finding(r: rg.Regime, total: int) -> Finding:
