@@ -44,7 +44,7 @@ def test_sheet_per_rank_parts_equal_the_loops_bit_for_bit(seed: int) -> None:
     assert np.array_equal(summary.steady_mask(t), old.steady_mask(t))
     steady = t.select(summary.steady_mask(t))
     for col in ("tokens", "step_time_s"):
-        assert summary._throughput(steady, col) == old._throughput(steady, col)
+        assert summary.throughput(steady, col) == old._throughput(steady, col)
     assert [dataclasses.asdict(x) for x in summary._rank_lines(steady)] == \
         old._rank_lines(steady)
 

@@ -45,7 +45,7 @@ from .mfu import run_mfu
 from .regimes import Regimes, find_regimes
 
 __all__ = ["Sheet", "RankLine", "summarize", "steady_mask", "headline_mask", "Conditions",
-           "run_mfu", "WARMUP_SLOW_FACTOR", "WARMUP_MAX_FRAC"]
+           "run_mfu", "throughput", "WARMUP_SLOW_FACTOR", "WARMUP_MAX_FRAC"]
 
 Conditions = Mapping[int, Sequence[Mapping[str, Any]]]  # RunDir.read_conditions(), per rank
 
@@ -244,8 +244,9 @@ def _phase_split(steady: StepTable) -> tuple[dict[str, float], str]:
     return split, source
 
 
-def _throughput(steady: StepTable, col: str) -> float | None:
-    """Sum over ranks of each rank's nansum(col) / nansum(step_time_s) (ranks with time)."""
+def throughput(steady: StepTable, col: str) -> float | None:
+    """The sheet's tokens/s (``col="tokens"``) or samples/s of the ``steady`` rows: the sum
+    over ranks of each rank's nansum(col) / nansum(step_time_s) (ranks with time)."""
     if not steady.has_data(col):
         return None
     g = _Groups.of(steady["rank"])
@@ -261,7 +262,7 @@ def _rank_lines(steady: StepTable) -> list[RankLine]:
     st = steady["step_time_s"]
     total = g.finite_sums(st)
     median = g.medians(st)
-    tps = g.sums(st)  # _throughput per rank divides by nansum(step_time_s) too
+    tps = g.sums(st)  # throughput per rank divides by nansum(step_time_s) too
     cols: dict[str, tuple[AnyArray, AnyArray]] = {
         c: (g.sums(steady[c]), g.any_finite(steady[c]))
         for c in ("tokens", "data_wait_s", "comm_s", "forward_s", "backward_s",
@@ -353,7 +354,7 @@ def summarize(table: StepTable, meta: RunMeta | None = None,
     st = steady["step_time_s"]
     st = st[np.isfinite(st)]
     total = float(st.sum()) if st.size else 0.0
-    tps, sps = _throughput(steady, "tokens"), _throughput(steady, "samples")
+    tps, sps = throughput(steady, "tokens"), throughput(steady, "samples")
     mfu, hfu, mfu_note = run_mfu(tps, meta, ranks, samples_per_s=sps)
     phase_frac, phase_source = _phase_split(steady) if total else ({}, "no steps")
     first, last, lmin = _loss_stats(table)

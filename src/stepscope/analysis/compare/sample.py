@@ -35,8 +35,7 @@ import numpy.typing as npt
 from ..._fastnp import unique_ints
 from ...schema import RunMeta, StepTable
 from ..mfu import run_mfu
-from ..summary import Conditions, headline_mask, steady_mask
-from ..summary import _throughput as _sheet_throughput  # summarize's own
+from ..summary import Conditions, headline_mask, steady_mask, throughput
 
 __all__ = ["StepSample", "step_sample", "MetricSpec", "METRICS", "Stat", "PerStep",
            "split_half_rel", "spread_rel", "OUTLIER_Z", "CHUNK_FLOATS", "FloatArray",
@@ -157,8 +156,8 @@ def _sheet_factors(table: StepTable, head: npt.NDArray[np.bool_], meta: RunMeta 
     without the rest of the sheet: at 9.6 million rows the whole sheet held ~1 GB more
     than the sample it was asked for."""
     steady = table.select(head) if head.any() else table
-    tps = _sheet_throughput(steady, "tokens")
-    sps = _sheet_throughput(steady, "samples")
+    tps = throughput(steady, "tokens")
+    sps = throughput(steady, "samples")
     del steady
     mfu = run_mfu(tps, meta, len(table.ranks()), samples_per_s=sps)[0]
     mem = table["mem_peak_bytes"] if len(table) else np.array([])
