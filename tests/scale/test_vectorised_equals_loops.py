@@ -90,3 +90,63 @@ def test_worst_rank_share_equals_one_table_copy_per_rank(seed: int) -> None:
     worst, per = system._worst_rank(t, "data_wait_s")
     assert per == per_loop
     assert worst == (None if len(per) < 2 else int(max(per, key=lambda k: per[k])))
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_split_medians_bound_holds_for_every_split_best_split_may_choose(seed: int) -> None:
+    from stepscope.analysis.health.stats import split_medians_bound
+
+    rng = np.random.default_rng(seed)
+    n, min_segment = int(rng.integers(2, 2500)), int(rng.integers(1, 300))
+    y = [rng.gamma(2, 1, n), np.round(rng.normal(5, 1, n), 0), np.ones(n),
+         np.r_[np.ones(n // 2), 3 * np.ones(n - n // 2)]][seed % 4]
+    lo, hi = split_medians_bound(y, min_segment)
+    if best_split(y, min_segment) is None:
+        assert np.isnan(lo) and np.isnan(hi)
+        return
+    block = max(1, int(np.ceil(n / 400)))
+    seg = max(1, min_segment // block)
+    for k in range(seg * block, (n // block - seg) * block + 1, block):  # every candidate
+        for part in (y[:k], y[k:]):
+            assert lo <= float(np.median(part)) <= hi
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_throughput_rule_skips_only_ranks_the_full_test_would_pass_over(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefilter (quarter medians and split-median bounds) changes no finding: the rule
+    with the bound forced open (every rank split and correlated) finds the same."""
+    from stepscope.analysis.health import system
+    from stepscope.analysis.health.config import HealthConfig, HealthContext
+
+    rng = np.random.default_rng(seed)
+    ranks, steps = int(rng.integers(1, 12)), int(rng.integers(40, 900))
+    rank = np.repeat(np.arange(ranks), steps)
+    step = np.tile(np.arange(steps), ranks)
+    st = rng.gamma(50, 0.002 * (1 + (seed % 4) * 0.05), rank.size)
+    slow = rng.integers(0, ranks)
+    at = int(rng.integers(0, steps))
+    drop = [1.0, 1.15, 1.3, 1.6][seed % 4]
+    st[(rank == slow) & (step >= at)] *= drop
+    if seed % 5 == 0:  # a drift on one rank
+        st[rank == slow] *= 1 + np.linspace(0, 0.5 * (seed % 3), steps)
+    t = StepTable.from_columns({"rank": rank, "step": step, "step_time_s": st,
+                                "tokens": np.full(rank.size, 512.0)})
+    ctx = HealthContext(table=t, meta=None, config=HealthConfig(),
+                        steady=np.ones(len(t), bool))
+    got = [(r, system._rank_throughput(t, r, ctx)) for r in t.ranks()]
+    monkeypatch.setattr(system, "split_medians_bound", lambda y, s: (0.0, 1.0))
+    want = [(r, system._rank_throughput(t, r, ctx)) for r in t.ranks()]
+    assert [(r, f and f.to_dict()) for r, f in got] == [(r, f and f.to_dict()) for r, f in want]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_rank_values_equals_the_mask_per_rank(seed: int) -> None:
+    from stepscope.analysis.health.stats import rank_values
+
+    t = _table(seed)
+    own = np.random.default_rng(seed).random(len(t))
+    got = rank_values(t, own)
+    assert list(got) == t.ranks()
+    for r in t.ranks():
+        assert sorted(got[r].tolist()) == sorted(own[t["rank"] == r].tolist())

@@ -19,7 +19,7 @@ from ...schema import BETWEEN_STEP_COLUMNS, AnyArray, StepTable
 from ..findings import Finding
 from ..regimes import host_took_cpu
 from .config import HealthContext, straggler_scores
-from .stats import rank_series
+from .stats import rank_series, rank_values
 from .system import PHASE_WORDS, span_of
 
 __all__ = ["rule_straggler", "rule_stall", "own_time"]
@@ -57,7 +57,7 @@ def rule_straggler(ctx: HealthContext) -> list[Finding]:
     if len(ranks) < 2:
         return []
     own, how = own_time(t)
-    med = {r: _median(own[t["rank"] == r]) for r in ranks}
+    med = {r: _median(v) for r, v in rank_values(t, own).items()}
     if not all(np.isfinite(v) and v > 0 for v in med.values()):
         return []
     scores = straggler_scores(med)

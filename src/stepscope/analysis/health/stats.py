@@ -21,7 +21,7 @@ from ...schema import AnyArray, StepTable
 __all__ = [
     "MAD_TO_SIGMA", "robust_sigma", "trailing_median", "trailing_robust_z", "runs_of",
     "spearman", "average_ranks", "theil_sen_slope", "best_split", "rank_series",
-    "first_rank_with", "quarter_medians",
+    "first_rank_with", "quarter_medians", "rank_values", "split_medians_bound",
 ]
 
 # For normally distributed data, sigma = 1.4826 x MAD (1 / Phi^-1(3/4)).
@@ -232,6 +232,34 @@ def rank_series(table: StepTable, rank: int, col: str) -> tuple[AnyArray, AnyArr
     else:
         idx = order[bounds[i]:bounds[i + 1]]
     return table["step"][idx], table[col][idx]
+
+
+def rank_values(table: StepTable, values: AnyArray) -> dict[int, AnyArray]:
+    """``values`` (one per row of ``table``) split by rank, each ordered by step: what
+    ``{r: values[table["rank"] == r] for r in table.ranks()}`` gives up to order, in one
+    pass instead of one scan of the table per rank (2 G comparisons at 1,024 ranks)."""
+    ranks, order, bounds = _rank_order(table)
+    return {int(r): values[order[bounds[i]:bounds[i + 1]]] for i, r in enumerate(ranks.tolist())}
+
+
+def split_medians_bound(y: AnyArray, min_segment: int, max_points: int = 400
+                        ) -> tuple[float, float]:
+    """(lowest, highest) median any segment :func:`best_split` can return may have.
+
+    Its segments hold at least L = max(1, min_segment // block) x block values of the
+    finite ``y`` (block as there); the median of L or more of ``y``'s values is at least
+    ``y``'s ((L - 1) // 2)-th smallest value and at most its ((L - 1) // 2)-th largest, the
+    float mean of two such values included. A rule can skip the split when even these
+    bounds could not show the drop it looks for. (NaN, NaN) when ``y`` is too short.
+    """
+    y = y[np.isfinite(y)]
+    n = y.size
+    if n < 2 * min_segment:
+        return float("nan"), float("nan")
+    block = max(1, int(np.ceil(n / max_points)))
+    j = (max(1, min_segment // block) * block - 1) // 2
+    lo, hi = np.partition(y, (j, n - 1 - j))[[j, n - 1 - j]]
+    return float(lo), float(hi)
 
 
 def first_rank_with(table: StepTable, col: str) -> int | None:
