@@ -116,7 +116,8 @@ def test_per_step_medians_on_the_grid_equal_the_lexsort(seed: int) -> None:
     keep = rng.random(rank.size) < (0.7 if seed % 2 else 1.0)  # ranks missing steps
     rank, step = rank[keep], step[keep]
     v = np.round(rng.normal(1, 0.2, rank.size), 2)  # ties
-    v[rng.random(v.size) < 0.1] = np.nan
+    if seed % 4:  # seeds 0, 4, 8: every cell of the grid finite (its two-middles path)
+        v[rng.random(v.size) < 0.1] = np.nan
     uniq, inv = unique_ints(step, return_inverse=True)
     slot = unique_ints(rank, return_inverse=True)[1]
     want = _median_by_lexsort(v, inv, uniq.size)
