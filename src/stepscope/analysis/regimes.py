@@ -217,7 +217,8 @@ def _median_by(v: AnyArray, inv: AnyArray, n: int, slot: AnyArray | None = None
             counts = np.bincount(g, minlength=n)
             if bool((counts == width).all()):  # every cell finite: the two middles only
                 mid = np.partition(grid, ((width - 1) // 2, width // 2), axis=1)
-                return (mid[:, (width - 1) // 2] + mid[:, width // 2]) / 2.0
+                out[:] = (mid[:, (width - 1) // 2] + mid[:, width // 2]) / 2.0
+                return out
             grid.sort(axis=1)  # in place; NaN sorts last
             rows = np.flatnonzero(counts)
             c = counts[rows]
