@@ -91,13 +91,13 @@ class Samples:
                 return held
             if not self.slow(run):
                 return None
-            self._start(rel, signature, full)
-            try:
+            try:  # the sample first: the full read's processes would slow it down
                 made = self._make(run, signature)
             except (StepscopeError, OSError, ValueError):
-                return None  # the full read says what is wrong
+                made = None  # the full read says what is wrong
             if made is None:
                 return None
+            self._start(rel, signature, full)
             with self._lock:
                 self._held[rel] = made
             return made
