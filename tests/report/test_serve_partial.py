@@ -10,7 +10,9 @@ one and the run is cold for it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 import threading
 import time
 import urllib.request
@@ -25,6 +27,7 @@ import pytest
 
 from stepscope._steps_sample import sample_step_files
 from stepscope.index import build_index, stored_sheet
+from stepscope.report import serve_index
 from stepscope.report.serve import DashboardServer, make_server
 from stepscope.report.serve_pages import PAGES_DIR
 from stepscope.store import RunDir
@@ -189,3 +192,25 @@ def test_the_page_says_it_is_a_sample_then_redraws_in_full(sampling: DashboardSe
              WAIT_S)
         browser.close()
     assert errors == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice: Linux")
+def test_the_index_refresh_runs_below_the_requests(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refresh's thread (and the processes it forks) yields the CPUs to the requests; the
+    rest of the server keeps its priority."""
+    write_run(tmp_path / "short", steps=20, ranks=1)
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    seen: list[int] = []
+    real = serve_index.build_index
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(serve_index, "build_index", build)
+    runs = serve_index.RunList(tmp_path, refresh_s=0.0, wait_s=WAIT_S)
+    rows, _, indexing = runs.rows()
+    assert not indexing and [r["path"] for r in rows] == ["short"]
+    assert seen == [min(19, before + serve_index.INDEX_NICE)]
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before  # this thread: unchanged
