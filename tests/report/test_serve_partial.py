@@ -15,6 +15,7 @@ import shutil
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ import orjson
 import pytest
 
 from stepscope._steps_sample import sample_step_files
+from stepscope.errors import StepscopeError
 from stepscope.index import build_index, stored_sheet
 from stepscope.report import serve_index
 from stepscope.report.serve import DashboardServer, make_server
@@ -192,6 +194,32 @@ def test_the_page_says_it_is_a_sample_then_redraws_in_full(sampling: DashboardSe
              WAIT_S)
         browser.close()
     assert errors == []
+
+
+def test_a_full_read_that_fails_reaches_the_page(sampling: DashboardServer,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sample shows, the full read fails: the page then says why (not the sample for
+    ever), and the API answers the error rather than sampling again."""
+    shown = threading.Event()
+
+    def fail(self: RunDir, **kwargs: Any) -> Any:
+        shown.wait(WAIT_S)  # fails once the page shows the sample
+        raise StepscopeError(f"{self.path.name}: the disk went away")
+
+    monkeypatch.setattr(RunDir, "read_steps", fail)
+    api = sync_api()
+    with api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        page.goto(sampling.url + "#/run/long")
+        wait(page, "document.querySelector('#partial') !== null")  # the sample first
+        shown.set()
+        wait(page, "document.querySelector('#app .err') !== null", WAIT_S)
+        assert "the disk went away" in page.inner_text("#app .err")
+        browser.close()
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _get(sampling, "api/series?path=long")
+    assert err.value.code == 400 and b"the disk went away" in err.value.read()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice: Linux")

@@ -332,7 +332,10 @@ async function showRun(path, got = null) {
       busy = true;
       let next;
       try { next = await Promise.all([api("run", { path, findings: "0" }), api("series", { path })]); }
-      catch (e) { return; } finally { busy = false; }
+      catch (e) {  // the full read failed: say why rather than keep the sample up
+        if (gen === pageGen) { clearPage(); app().innerHTML = `<p class="err">${esc(e.message)}</p>`; }
+        return;
+      } finally { busy = false; }
       if (next[0].partial || next[1].partial || gen !== pageGen) return;
       const y = window.scrollY;
       clearPage(); await showRun(path, next); window.scrollTo(0, y);
