@@ -15,6 +15,9 @@ report.html) and warm (everything the earlier passes left):
    table complete: every run's numbers in (the index built, the page's 2-second reload);
 2. run page first paint: from navigation to every chart drawn (decimated series);
 3. the server's peak RSS after both (it must not grow with the steps shown);
+0. before those passes, once: the long run's page opened first on a cold root (a link to
+   it, the index building meanwhile): its first paint (from a sample of the step files, the
+   full read under way: report.serve_partial) and its full view (the sample replaced);
 4. the anchor: the same per-step scalars (loss, lr, step time, tokens/s per step) written
    with TensorBoard's own writer (``tensorboard.summary.Writer``) and read back with its
    own loader (``EventAccumulator.Reload``), the time until the first scalar series is
@@ -150,12 +153,43 @@ def first_paints(root: Path) -> tuple[float, float, float, float]:
             complete_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             page.goto(url + "#/run/long-run")
-            while not page.evaluate("document.querySelectorAll('.uplot').length >= 6 && "
-                                    "charts.every(c => c.data[0].length > 0)"):
+            while not page.evaluate(_ALL_CHARTS):
                 page.wait_for_timeout(20)
             run_s = time.perf_counter() - t0
             browser.close()
         return table_s, complete_s, run_s, _rss_peak_mib(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+_ALL_CHARTS = ("document.querySelectorAll('.uplot').length >= 6 && "
+               "charts.every(c => c.data[0].length > 0)")
+
+
+def run_page_first(root: Path) -> tuple[float, float, float]:
+    """(first paint, full view, server peak RSS MiB) of the long run's page opened first
+    on a cold root (no index yet: it is built meanwhile)."""
+    from playwright.sync_api import sync_playwright
+
+    proc, url = _serve(root)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            t0 = time.perf_counter()
+            page.goto(url + "#/run/long-run")
+            while not page.evaluate(_ALL_CHARTS):
+                page.wait_for_timeout(20)
+            first_s = time.perf_counter() - t0
+            while not page.evaluate("document.querySelector('#partial') === null && "
+                                    + _ALL_CHARTS):
+                page.wait_for_timeout(20)
+            full_s = time.perf_counter() - t0
+            browser.close()
+        return first_s, full_s, _rss_peak_mib(proc.pid)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
@@ -196,6 +230,8 @@ def main() -> None:
                          "index, no page or step cache); the second 'indexed': the index "
                          "and step caches the first left, the page documents dropped (a "
                          "finished run nobody has opened yet); the rest on all it left")
+    ap.add_argument("--no-first", action="store_true",
+                    help="skip the long run's page opened first on a cold root")
     ap.add_argument("--no-tensorboard", action="store_true",
                     help="skip the TensorBoard anchor (its events take minutes to write)")
     args = ap.parse_args()
@@ -222,6 +258,12 @@ def main() -> None:
             t0 = time.perf_counter()
             tb = _tb_events(big, root.with_name(root.name + ".tb"))
             print(f"TensorBoard events ready ({time.perf_counter() - t0:.1f} s)")
+        if not args.no_first:
+            _drop_caches(root)
+            first = run_page_first(root)
+            print("run page opened first on a cold root (index building meanwhile): first "
+                  f"paint {first[0]:.2f} s (sampled), full view {first[1]:.2f} s, server "
+                  f"peak RSS {first[2]:.0f} MiB", flush=True)
         _drop_caches(root)
         kinds = [("cold", "indexed")[i] if i < 2 else "warm" for i in range(args.passes)]
         rows = []

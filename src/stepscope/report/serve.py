@@ -34,6 +34,7 @@ import orjson
 
 from ..errors import StepscopeError
 from .serve_data import Dashboard, NotFound
+from .serve_partial import PARTIAL_BYTES, SAMPLE_BYTES
 
 __all__ = ["make_server", "DashboardServer", "ASSETS"]
 
@@ -182,12 +183,16 @@ def is_loopback(host: str) -> bool:
 
 def make_server(root: str, host: str = "127.0.0.1", port: int = 8765,
                 refresh_s: float = 2.0, token: str | None = None,
-                index_wait_s: float = 0.25) -> DashboardServer:
+                index_wait_s: float = 0.25, partial_bytes: int | None = PARTIAL_BYTES,
+                sample_bytes: int = SAMPLE_BYTES) -> DashboardServer:
     """A ready (bound, not yet serving) dashboard server over ``root``. Any host but a
     loopback address gets a token (generated unless given) that every request must carry.
     ``index_wait_s``: how long a request waits for the index before it answers with what
-    is known (serve_index.RunList)."""
-    board = Dashboard(root, refresh_s=refresh_s, index_wait_s=index_wait_s)
+    is known (serve_index.RunList). ``partial_bytes``, ``sample_bytes``: a run with more
+    step bytes than that to decode paints first from a sample of that many (serve_partial;
+    None: never)."""
+    board = Dashboard(root, refresh_s=refresh_s, index_wait_s=index_wait_s,
+                      partial_bytes=partial_bytes, sample_bytes=sample_bytes)
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(18)
     try:

@@ -40,6 +40,7 @@ from .fleet import fleet_matrix, slowest_ranks
 from .regimes_view import sheet_text
 from .serve_index import RunList
 from .serve_pages import PageCache, run_key
+from .serve_partial import PARTIAL_BYTES, SAMPLE_BYTES, Partial, Samples
 
 __all__ = ["Dashboard", "NotFound", "series_doc", "run_doc", "latest_profile"]
 
@@ -97,7 +98,8 @@ def _dir_signature(path: Path) -> tuple[float, int]:
 class Dashboard:
     """Index-backed view of ROOT for the web app (thread-safe; see the module docstring)."""
 
-    def __init__(self, root: str | Path, refresh_s: float = 2.0, index_wait_s: float = 0.25
+    def __init__(self, root: str | Path, refresh_s: float = 2.0, index_wait_s: float = 0.25,
+                 partial_bytes: int | None = PARTIAL_BYTES, sample_bytes: int = SAMPLE_BYTES
                  ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
@@ -116,6 +118,8 @@ class Dashboard:
         # Diagnosing (seconds on a long run) has a lock of its own: a page opened meanwhile
         # must not wait for the findings of the one before to load its charts.
         self._diagnosing: dict[str, threading.Lock] = {}
+        # A long run nothing of which is cached: first paint from a sample (serve_partial).
+        self._samples = Samples(partial_bytes, sample_bytes)
 
     # -- the run list ------------------------------------------------------------------
     def runs(self, where: Sequence[str] = (), sort: str | None = None, q: str = ""
@@ -164,6 +168,7 @@ class Dashboard:
             while len(self._cache) > _CACHE_RUNS or (held > _CACHE_BYTES
                                                      and len(self._cache) > 1):
                 held -= self._cache.popitem(last=False)[1].nbytes
+        self._samples.done(rel)  # its sample, if it had one, is not needed any more
         return loaded
 
     def _page(self, rel: str, kind: str, query: tuple[Any, ...], build: Any
@@ -174,14 +179,33 @@ class Dashboard:
         doc = self._pages.get(rel, kind, key)
         if doc is None:
             doc = build()
-            if doc.get("status", (doc.get("meta") or {}).get("status")) != "running":
+            if doc.get("status", (doc.get("meta") or {}).get("status")) != "running" \
+                    and not doc.get("partial"):
                 self._pages.put(rel, kind, key, doc)
         return doc
 
+    def _sampled(self, rel: str) -> Partial | None:
+        """The sample of a run whose full read is long and under way (serve_partial), or
+        None: the run is in memory, or quick to read."""
+        path = self._path_of(rel)
+        sig = _dir_signature(path)
+        with self._lock:
+            hit = self._cache.get(rel)
+            if hit is not None and hit.signature == sig:
+                return None
+        return self._samples.get(rel, RunDir.open(path), sig, lambda: self._load(rel))
+
     def run(self, rel: str, with_findings: bool = True) -> dict[str, Any]:
         """Sheet, events, identity and environment, the latest profile, and (unless
-        ``with_findings`` is false: the page asks for them after its first paint) findings."""
+        ``with_findings`` is false: the page asks for them after its first paint) findings.
+        Without findings, a long run nothing of which is cached yet answers from a sample
+        first (``"partial"``; serve_partial)."""
         def build() -> dict[str, Any]:
+            part = None if with_findings else self._sampled(rel)
+            if part is not None:
+                doc = run_doc(rel, RunDir.open(self._path_of(rel)), part.table, part.meta,
+                              part.sheet, [], [], None)
+                return {**doc, "partial": part.info}
             loaded = self._load(rel)
             return run_doc(rel, RunDir.open(self._path_of(rel)), loaded.table, loaded.meta,
                            loaded.sheet, loaded.problems, [], loaded.read)
@@ -219,6 +243,11 @@ class Dashboard:
         the window at full resolution rather than the whole run's bins (last None: up to
         the newest step)."""
         def build() -> dict[str, Any]:
+            part = None if steps is not None else self._sampled(rel)
+            if part is not None:
+                doc = series_doc(rel, part.table, part.sheet, part.meta, max_points,
+                                 heat_cols)
+                return {**doc, "partial": part.info}
             loaded = self._load(rel)
             return series_doc(rel, loaded.table, loaded.sheet, loaded.meta, max_points,
                               heat_cols, steps)

@@ -17,7 +17,9 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -28,7 +30,27 @@ from ..errors import StepscopeError
 from ..index import INDEX_FILE, _walk, build_index, query_index
 from ..store import RunDir
 
-__all__ = ["RunList"]
+__all__ = ["RunList", "background_priority"]
+
+# The index's refresh yields the CPUs to the server's requests (and to a run page's full
+# read, serve_partial): on a cold root of 1,000 runs its processes had the two cores of a
+# small host, and the runs table's first paint waited seconds behind them (a run page's
+# full read keeps the usual priority: it is what that page waits for).
+INDEX_NICE = 10
+
+
+def background_priority(increment: int) -> None:
+    """Lower the calling thread's priority by ``increment`` (its nice value; the processes
+    it forks inherit it). Linux only, where the nice value is a thread's own (elsewhere the
+    same call would lower the whole server); best effort."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid,
+                       min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+    except OSError:
+        pass
 
 
 class RunList:
@@ -57,6 +79,7 @@ class RunList:
                 pass  # another version's or a broken index: rebuilt by the first refresh
 
     def _refresh(self) -> None:
+        background_priority(INDEX_NICE)  # a thread of its own: its priority only
         try:
             result = build_index(self.root, self.db)
             known = {r["path"] for r in query_index(self.db)}

@@ -23,7 +23,9 @@ const api = async (path, params = {}) => {
 };
 
 let timers = [];
+let pageGen = 0;  // bumped by each new page: an answer for the page before is dropped
 function clearPage() {
+  pageGen++;
   timers.forEach(clearInterval); timers = [];
   charts.forEach((c) => c.destroy()); charts = [];
   $("#live").hidden = true;
@@ -204,7 +206,7 @@ const CHARTS = [
 ];
 
 function drawRunCharts(doc, ser, onZoom = null) {
-  const regimes = shadedRegimes(doc.sheet);
+  const regimes = provisional(doc) ? [] : shadedRegimes(doc.sheet);
   charts.forEach((c) => c.destroy()); charts = [];
   const el = $("#charts"); el.innerHTML = "";
   const marks = doc.findings.filter((f) => f.steps).map((f) => ({ step: f.steps[0], severity: f.severity }));
@@ -240,13 +242,16 @@ function drawRunCharts(doc, ser, onZoom = null) {
   }
 }
 
-async function showRun(path) {
+async function showRun(path, got = null) {
   $("#where-am-i").textContent = path;
-  app().innerHTML = '<p class="muted">Loading run…</p>';
+  const gen = pageGen;
+  if (!got) app().innerHTML = '<p class="muted">Loading run…</p>';
   let doc, ser;
   // First paint from the sheet and the series; diagnose (slower) fills the findings after.
-  try { [doc, ser] = await Promise.all([api("run", { path, findings: "0" }), api("series", { path })]); }
+  // ``got``: the documents already fetched (the full ones that replace a partial view).
+  try { [doc, ser] = got || await Promise.all([api("run", { path, findings: "0" }), api("series", { path })]); }
   catch (e) { app().innerHTML = `<p class="err">${esc(e.message)}</p>`; return; }
+  const partial = !OFFLINE && Boolean(doc.partial || ser.partial);
   const m = doc.meta;
   let findings = doc.findings.length ? doc.findings : null;
   app().innerHTML = `
@@ -254,9 +259,9 @@ async function showRun(path) {
     <div class="muted">${esc(path)} · created ${esc(m.created_utc)} · run ${esc(m.run_id)}</div>
     ${m.error ? `<p class="err">${esc(m.error)}</p>` : ""}
     ${m.command ? `<pre>${esc(m.command.join(" "))}</pre>` : ""}
-    ${readBlock(doc)}
-    <div id="sheet">${sheetCards(doc.sheet, m, doc.text)}</div>
-    ${regimesBlock(doc)}
+    ${readBlock(doc)}${partialBlock(doc, ser)}
+    <div id="sheet"${provisional(doc) ? ' class="provisional"' : ""}>${sheetCards(doc.sheet, m, doc.text)}</div>
+    ${provisional(doc) ? "" : regimesBlock(doc)}
     <h2>Findings</h2><div id="findings"><p class="muted">Diagnosing…</p></div>
     <h2>Charts</h2>
     <div class="controls">x axis:
@@ -272,7 +277,8 @@ async function showRun(path) {
     <h2>Ranks</h2>${fleetLine(ser.fleet)}
     <div class="fleet"><div><canvas id="heat" class="heat"></canvas>
       <div class="legend-scale">0.5x <i></i> 2x of the median step time (rank × step)</div></div>
-      <div class="scroll-x"><h3>Slowest ranks first</h3>${perRankTable(doc.sheet.per_rank)}</div></div>
+      <div class="scroll-x"><h3>Slowest ranks first</h3>${provisional(doc) ?
+        '<p class="muted">After the full read.</p>' : perRankTable(doc.sheet.per_rank)}</div></div>
     <h2>Latest profile</h2><div id="profile">${profileBlock(doc.profile, doc.events)}</div>
     <h2>Run</h2>
     <details open><summary>Baseline</summary>${kvTable(m.baseline)}</details>
@@ -314,10 +320,28 @@ async function showRun(path) {
   redraw();
   const diagnose = async () => {
     try { findings = (await api("findings", { path })).findings; } catch (e) { return; }
+    if (gen !== pageGen) return;  // the page was drawn again meanwhile (or left)
     showFindings(); redraw();
   };
   if (findings) showFindings(); else diagnose();
   drawHeatmap($("#heat"), ser.heatmap);
+  if (partial) {  // a sample first (serve_partial): the full documents redraw the page
+    let busy = false;
+    timers.push(setInterval(async () => {
+      if (busy) return;
+      busy = true;
+      let next;
+      try { next = await Promise.all([api("run", { path, findings: "0" }), api("series", { path })]); }
+      catch (e) {  // the full read failed: say why rather than keep the sample up
+        if (gen === pageGen) { clearPage(); app().innerHTML = `<p class="err">${esc(e.message)}</p>`; }
+        return;
+      } finally { busy = false; }
+      if (next[0].partial || next[1].partial || gen !== pageGen) return;
+      const y = window.scrollY;
+      clearPage(); await showRun(path, next); window.scrollTo(0, y);
+    }, 1000));
+    return;  // a live run's polling starts with the full documents
+  }
   if (m.status === "running" && !OFFLINE) {
     $("#live").hidden = false;
     let busy = false;

@@ -12,6 +12,18 @@ function readBlock(doc) {
       esc(doc.read_problems.join("\n"))}</pre></details>` : ""}</div>`;
 }
 
+/* A first view from a sample of the step files while the full read runs (serve_partial):
+   said as such, and the sheet's numbers marked provisional when they come from the sample. */
+const provisional = (doc) => Boolean(doc.partial && doc.partial.sheet === "sample");
+function partialBlock(doc, ser) {
+  const p = doc.partial || ser.partial;
+  if (!p) return "";
+  return `<div id="partial" class="warnbox"><b>Provisional view</b>: drawn from a sample of
+    ${num(p.records)} of ~${num(p.estimated_records)} records (evenly spaced windows of the step
+    files: a spike between them is not drawn)${provisional(doc) ? "; the sheet's numbers are " +
+    "estimates from that sample" : ""}. Full data loading…</div>`;
+}
+
 /* Regimes (analysis/regimes): the table the terminal prints, and the bands drawn on charts. */
 const REGIME_COLOR = { contention: "rgba(217,72,15,0.13)", waiting: "rgba(112,72,232,0.13)",
   throttling: "rgba(198,40,40,0.13)", "more work": "rgba(11,114,133,0.13)" };
