@@ -134,16 +134,21 @@ def _rss_peak_mib(pid: int) -> float:
     return float("nan")
 
 
+def _open_page(p: Any) -> tuple[Any, Any]:
+    """Headless Debian chromium (Playwright's own download does not work here), one page."""
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"])
+    return browser, browser.new_page(viewport={"width": 1400, "height": 1000})
+
+
 def first_paints(root: Path) -> tuple[float, float, float, float]:
     from playwright.sync_api import sync_playwright
 
     proc, url = _serve(root)
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            browser, page = _open_page(p)
             t0 = time.perf_counter()
             page.goto(url)
             page.wait_for_selector("#runs tr td", timeout=600_000)
@@ -167,29 +172,27 @@ _ALL_CHARTS = ("document.querySelectorAll('.uplot').length >= 6 && "
                "charts.every(c => c.data[0].length > 0)")
 
 
-def run_page_first(root: Path) -> tuple[float, float, float]:
-    """(first paint, full view, server peak RSS MiB) of the long run's page opened first
-    on a cold root (no index yet: it is built meanwhile)."""
+def run_page_first(root: Path) -> tuple[float, float, float, bool]:
+    """(first paint, full view, server peak RSS MiB, whether the first paint was a sample)
+    of the long run's page opened first on a cold root (no index yet: built meanwhile)."""
     from playwright.sync_api import sync_playwright
 
     proc, url = _serve(root)
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            browser, page = _open_page(p)
             t0 = time.perf_counter()
             page.goto(url + "#/run/long-run")
             while not page.evaluate(_ALL_CHARTS):
                 page.wait_for_timeout(20)
             first_s = time.perf_counter() - t0
+            sampled = bool(page.evaluate("document.querySelector('#partial') !== null"))
             while not page.evaluate("document.querySelector('#partial') === null && "
                                     + _ALL_CHARTS):
                 page.wait_for_timeout(20)
             full_s = time.perf_counter() - t0
             browser.close()
-        return first_s, full_s, _rss_peak_mib(proc.pid)
+        return first_s, full_s, _rss_peak_mib(proc.pid), sampled
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
@@ -262,7 +265,8 @@ def main() -> None:
             _drop_caches(root)
             first = run_page_first(root)
             print("run page opened first on a cold root (index building meanwhile): first "
-                  f"paint {first[0]:.2f} s (sampled), full view {first[1]:.2f} s, server "
+                  f"paint {first[0]:.2f} s ({'sampled' if first[3] else 'whole'}), full view "
+                  f"{first[1]:.2f} s, server "
                   f"peak RSS {first[2]:.0f} MiB", flush=True)
         _drop_caches(root)
         kinds = [("cold", "indexed")[i] if i < 2 else "warm" for i in range(args.passes)]
