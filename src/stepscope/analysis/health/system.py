@@ -275,13 +275,14 @@ def _rank_throughput(t: StepTable, r: int, ctx: HealthContext) -> Finding | None
     # possible) could reach the drop: the split and the trend are not worth computing (at
     # 1,024 ranks they were half of `diagnose`). Comparisons as below, so the same ranks
     # pass: a NaN bound (too short to split) leaves only the drift test.
-    if not 1 - q1 / q0 >= cfg.regression_drop and not 1 - lo / hi >= cfg.regression_drop:
+    quarter_drop = 1 - q1 / q0 >= cfg.regression_drop
+    if not quarter_drop and not 1 - lo / hi >= cfg.regression_drop:
         return None
     k = best_split(rate, seg)
     before = float(np.median(rate[:k])) if k else float("nan")
     after = float(np.median(rate[k:])) if k else float("nan")
     corr = -spearman(steps.astype(float), rate)
-    drift = corr >= cfg.drift_min_corr and 1 - q1 / q0 >= cfg.regression_drop
+    drift = corr >= cfg.drift_min_corr and quarter_drop
     step_drop = k is not None and 1 - after / before >= cfg.regression_drop
     if not (drift or step_drop):
         return None
