@@ -238,44 +238,51 @@ def parse_jsonl(data: bytes, source: str, stats: ReadStats, first_line: int = 1,
 
 
 # -- step files ----------------------------------------------------------------------------
-def decode_steps(data: bytes, source: str, first_line: int = 1, final: bool = True
-                 ) -> tuple[Block, ReadStats]:
+def decode_steps(data: bytes, source: str, first_line: int = 1, final: bool = True,
+                 end: int | None = None) -> tuple[Block, ReadStats]:
     """Validated columns of the step records in ``data`` (whole lines of one rank file).
 
     ``first_line``: line number of ``data``'s first line in the file (for messages);
-    ``final``: see :func:`parse_jsonl`. Duplicate (rank, step) rows are left in: see
+    ``final``: see :func:`parse_jsonl`; ``end``: decode ``data[:end]`` only (without
+    copying it). Duplicate (rank, step) rows are left in: see
     :func:`stepscope._steps_table.merge_duplicates`.
     """
     stats = ReadStats()
-    if not data:
+    stop = len(data) if end is None else end
+    if not stop:
         return concat_blocks([]), stats
+    view = memoryview(data)  # chunks are decoded from views: no copy of the file's bytes
     blocks = []
-    body_end = data.rfind(b"\n") + 1  # a last line without newline is read apart
-    for start, end in _chunks(data, body_end):
-        block = _fast(data[start:end])
+    body_end = data.rfind(b"\n", 0, stop) + 1  # a last line without newline is read apart
+    for start, cut in _chunks(data, body_end):
+        block = _fast(view[start:cut])
         if block is None:
             line = first_line + data.count(b"\n", 0, start)
-            block = _slow(data[start:end], source, stats, line, False)
+            block = _slow(data[start:cut], source, stats, line, False)
         blocks.append(block)
-    if data[body_end:].strip():
+    if data[body_end:stop].strip():
         line = first_line + data.count(b"\n", 0, body_end)
-        blocks.append(_slow(data[body_end:], source, stats, line, final))
+        blocks.append(_slow(data[body_end:stop], source, stats, line, final))
     out = concat_blocks(blocks)
     _validate(out, stats)
     return out, stats
 
 
 def _chunks(data: bytes, n: int) -> Iterable[tuple[int, int]]:
-    """Byte ranges of whole lines, ~CHUNK_BYTES each, over ``data[:n]`` (n: after a newline)."""
+    """Byte ranges of whole lines, ~CHUNK_BYTES each, over ``data[:n]`` (n: after a newline).
+
+    The last range takes up to 1.5 x CHUNK_BYTES rather than leave a small one: a rank file
+    of just over a chunk is then decoded in one call, with no second block to stack."""
     start = 0
     while start < n:
-        cut = data.find(b"\n", min(start + CHUNK_BYTES, n) - 1, n)
+        want = n if n - start <= CHUNK_BYTES * 3 // 2 else start + CHUNK_BYTES
+        cut = data.find(b"\n", want - 1, n)
         end = n if cut < 0 else cut + 1
         yield start, end
         start = end
 
 
-def _fast(piece: bytes) -> Block | None:
+def _fast(piece: memoryview) -> Block | None:
     try:
         recs = _DECODER.decode_lines(piece)
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -355,12 +362,40 @@ def _slow_column(name: str, vals: list[Any], stats: ReadStats
     return out, flag
 
 
+def _bounds(name: str, rule: _Rule) -> tuple[float, float]:
+    """The closed interval of finite values that pass ``name``'s rule (NaN aside)."""
+    big = float(np.finfo(np.float64).max)
+    return (0.0 if rule.nonneg else -big), (big if rule.limit is None else rule.limit)
+
+
+_BOUNDS = {name: _bounds(name, rule) for name, rule in VALUE_RULES.items()}
+
+
+def _suspects(block: Block) -> list[str]:
+    """The ruled columns that may hold a value to drop: a value outside its column's
+    interval of finite values that pass (NaN aside: the column's min and max ignore it), or
+    an explicit "NaN" where NaN means "not recorded". One pass over all columns; a column
+    not named here has nothing for :func:`_validate`'s checks to find."""
+    names = [c for c in VALUE_RULES if c in block.cols]
+    if not names or not block.n:
+        return []
+    mat = np.stack([block.cols[c] for c in names])
+    lo = np.fmin.reduce(mat, axis=1)  # NaN only where the whole column is NaN
+    hi = np.fmax.reduce(mat, axis=1)
+    out = []
+    for name, a, b in zip(names, lo.tolist(), hi.tolist(), strict=True):
+        low, high = _BOUNDS[name]
+        explicit_nan = name in block.flags and name not in NAN_MEANINGFUL
+        if explicit_nan or not (a != a or (low <= a and b <= high)):
+            out.append(name)
+    return out
+
+
 def _validate(block: Block, stats: ReadStats) -> None:
     """Drop (set to not recorded) values that break their column's rule; count them."""
-    for name, rule in VALUE_RULES.items():
-        col = block.cols.get(name)
-        if col is None:
-            continue
+    for name in _suspects(block):
+        rule = VALUE_RULES[name]
+        col = block.cols[name]
         flag = block.flags.get(name)
         with np.errstate(invalid="ignore"):
             checks = []

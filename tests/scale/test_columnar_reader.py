@@ -199,3 +199,45 @@ def test_equals_the_old_reader_on_the_fixture_runs(tmp_path: Path, fixture: str)
         assert (stats.records, stats.skipped, stats.torn_tail, stats.files) == (
             old_stats.records, old_stats.skipped, old_stats.torn_tail, old_stats.files)
     assert (run / ".cache" / "steps").is_dir()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_one_pass_screen_never_hides_a_value_to_drop(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_validate`` checks only the columns a min/max screen names: on blocks with
+    negative, infinite, implausible and explicit-NaN values here and there, it drops and
+    counts exactly what checking every column drops."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    cols: dict[str, np.ndarray] = {"step": np.arange(n, dtype=float), "rank": np.zeros(n)}
+    flags: dict[str, np.ndarray] = {}
+    for name, rule in decode.VALUE_RULES.items():
+        if rng.random() < 0.3:
+            continue
+        col = rng.uniform(0, rule.limit or 1e6, n)
+        for bad in (-1.0, math.inf, -math.inf, math.nan, 2 * (rule.limit or 1e300), -0.0,
+                    float(rule.limit or 1.0)):
+            if rng.random() < 0.15:
+                col[rng.integers(0, n)] = bad
+        cols[name] = col
+        if rng.random() < 0.2:
+            flag = np.zeros(n, bool)
+            flag[rng.integers(0, n)] = True
+            col[flag] = math.nan
+            flags[name] = flag
+    screened = decode.Block(n, {k: v.copy() for k, v in cols.items()},
+                            {k: v.copy() for k, v in flags.items()})
+    s1 = decode.ReadStats()
+    decode._validate(screened, s1)
+    every = decode.Block(n, {k: v.copy() for k, v in cols.items()},
+                         {k: v.copy() for k, v in flags.items()})
+    monkeypatch.setattr(decode, "_suspects", lambda b: [c for c in decode.VALUE_RULES
+                                                        if c in b.cols])
+    s2 = decode.ReadStats()
+    decode._validate(every, s2)
+    assert s1.to_dict() == s2.to_dict()
+    assert screened.cols.keys() == every.cols.keys()
+    for k in every.cols:
+        assert np.array_equal(screened.cols[k], every.cols[k], equal_nan=True), k
+    assert {k: v.tolist() for k, v in screened.flags.items()} == {
+        k: v.tolist() for k, v in every.flags.items()}
