@@ -64,7 +64,7 @@ def test_a_segment_that_does_not_match_its_manifest_is_not_used(tmp_path: Path) 
     run = _run(tmp_path)
     cold, _ = run.read_steps(cache=False)
     run.read_steps()
-    seg = next((run.cache_dir / "steps").glob("rank-00001.jsonl.*.npy"))
+    seg = next((run.cache_dir / "steps" / "rank-00001.jsonl.d").glob("*.npy"))
     np.save(seg, np.zeros((2, 3)))  # wrong shape: the JSONL is read instead
     warm, _ = run.read_steps()
     assert not isinstance(warm._cols, _Deferred)

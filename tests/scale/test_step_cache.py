@@ -32,7 +32,7 @@ def _run(tmp_path: Path, steps: int = 50) -> RunDir:
 
 
 def _segments(run: RunDir) -> list[Path]:
-    return sorted((run.cache_dir / "steps").glob("rank-00000.jsonl.*.npy"))
+    return sorted((run.cache_dir / "steps" / "rank-00000.jsonl.d").glob("*.npy"))
 
 
 def _same_as_cold(run: RunDir) -> None:
@@ -196,3 +196,27 @@ def test_a_reader_while_the_run_writes_sees_a_consistent_prefix(tmp_path: Path) 
     assert run.read_steps()[0]["step"].tolist() == list(range(3000))
     _same_as_cold(run)
     assert seen == sorted(seen)
+
+
+def test_segments_of_the_format_before_per_file_directories_are_removed(tmp_path: Path
+                                                                       ) -> None:
+    """An upgrade rebuilds a cache of format 1 (segments beside the manifests) and removes
+    the segments its manifest named; a name of another form is kept, whatever it says."""
+    run = _run(tmp_path)
+    steps = run.cache_dir / "steps"
+    steps.mkdir(parents=True)
+    old = [steps / "rank-00000.jsonl.0123456789ab.npy",
+           steps / "rank-00000.jsonl.0123456789ab.nan.npy"]
+    other = steps / "keep-me.npy"
+    for p in [*old, other]:
+        np.save(p, np.zeros((2, 2)))
+    (steps / "rank-00000.jsonl.json").write_bytes(orjson.dumps({
+        "format": "stepscope-steps-1:000000000000",
+        "segments": [{"file": old[0].name, "flags": old[1].name},
+                     {"file": other.name, "flags": "../run.json"}]}))
+    _same_as_cold(run)
+    assert [p.exists() for p in old] == [False, False]
+    assert other.exists() and run.meta_path.exists()
+    assert len(_segments(run)) == 1
+    assert sorted(p.name for p in steps.iterdir()) == [
+        "keep-me.npy", "rank-00000.jsonl.d", "rank-00000.jsonl.json"]
