@@ -15,6 +15,7 @@ from stepscope.analysis import regimes, summary
 from stepscope.analysis.compare import speed
 from stepscope.analysis.compare.sample import CHUNK_FLOATS, METRICS, shared_products, step_sample
 from stepscope.analysis.health import stats
+from stepscope.analysis.step_grid import general_path, step_grid
 from stepscope.schema import StepTable
 
 
@@ -125,6 +126,42 @@ def test_per_step_medians_on_the_grid_equal_the_lexsort(seed: int) -> None:
     assert np.array_equal(regimes._median_by(v, inv, uniq.size), want, equal_nan=True)
     dup = np.r_[slot[:-1], slot[0]] if slot.size > 1 else slot  # a repeated cell: the sort
     assert np.array_equal(regimes._median_by(v, inv, uniq.size, dup), want, equal_nan=True)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_per_step_medians_of_a_full_grid_equal_the_lexsort(seed: int) -> None:
+    """The regime search's per-step CPU-share and preemption medians, taken on the rank x
+    step grid when every rank has every step: the same numbers as the general path."""
+    rng = np.random.default_rng(seed)
+    ranks, steps = int(rng.integers(1, 30)), int(rng.integers(2, 200))
+    rank = np.repeat(np.arange(ranks), steps)
+    step = np.tile(np.arange(steps) * 2, ranks)  # steps 0, 2, 4, ...
+    st = np.round(rng.uniform(0.5, 1.5, rank.size), 2)
+    cols = {"rank": rank, "step": step, "step_time_s": st,
+            "end_s": np.cumsum(st.reshape(ranks, steps), axis=1).ravel(),
+            "cpu_s": np.round(st * rng.uniform(0.2, 1.0, rank.size), 2),  # ties
+            "preempt": rng.integers(0, 3, rank.size).astype(float)}
+    if seed % 3 == 0:
+        cols["cpu_s"][int(rng.integers(0, rank.size))] = np.nan  # one gap: the general path
+    table = StepTable.from_columns(cols)
+    grid = step_grid(table)
+    assert grid is not None and grid.pos is None
+    uniq, inv = unique_ints(step, return_inverse=True)
+    v = cols["cpu_s"] / regimes.usage_wall(table)
+    got = grid.median_over_ranks(v)
+    if seed % 3 == 0:
+        assert got is None
+    else:
+        assert got is not None
+        assert np.array_equal(got, _median_by_lexsort(v, inv, uniq.size))
+    fast = regimes._per_step(table)
+    with general_path():
+        slow = regimes._per_step(StepTable.from_columns(cols))
+    assert fast.keys() == slow.keys()
+    for k in fast:
+        assert np.array_equal(fast[k], slow[k], equal_nan=True), k
+    assert step_grid(StepTable.from_columns({k: c[1:] for k, c in cols.items()})
+                     ).median_over_ranks(v[1:]) is None  # a missing row: no full grid
 
 
 @pytest.mark.parametrize("seed", range(12))

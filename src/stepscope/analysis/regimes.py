@@ -50,6 +50,7 @@ import numpy as np
 from .._fastnp import is_ordered, unique_ints
 from ..schema import AnyArray, StepTable
 from .segment import MAX_REGIMES, MIN_REGIME_STEPS, MIN_SHIFT, segment
+from .step_grid import step_grid
 
 __all__ = ["Regime", "Regimes", "find_regimes", "segment", "ENVIRONMENT_CAUSES",
            "condition_columns", "window_values", "host_took_cpu", "environment_cause",
@@ -180,6 +181,7 @@ def _per_step(table: StepTable) -> dict[str, AnyArray]:
     out["wall_time_s"] = np.full(n, -np.inf)
     np.maximum.at(out["wall_time_s"], inv, np.nan_to_num(table["wall_time_s"], nan=-np.inf))
     slots: AnyArray | None = None
+    grid = step_grid(table)  # a full rank x step grid: the medians without the scatter
     with np.errstate(divide="ignore", invalid="ignore"):
         for col, key in (("cpu_s", "cpu_per_wall"), ("preempt", "preempt_per_s")):
             if not table.has_data(col):
@@ -188,7 +190,9 @@ def _per_step(table: StepTable) -> dict[str, AnyArray]:
             if slots is None or usage is None:
                 slots = unique_ints(table["rank"], return_inverse=True)[1]
                 usage = usage_wall(table)
-            out[key] = _median_by(table[col] / usage, inv, n, slots)
+            v = table[col] / usage
+            med = grid.median_over_ranks(v) if grid is not None and grid.shape[1] == n else None
+            out[key] = _median_by(v, inv, n, slots) if med is None else med
     return out
 
 

@@ -97,6 +97,23 @@ class StepGrid:
         return self.steps[keep], (acc[keep] / count[keep] if how == "mean" else acc[keep])
 
 
+    def median_over_ranks(self, values: AnyArray) -> AnyArray | None:
+        """Each step's median over ranks of ``values`` (one per row), when every rank has
+        every step and every value is finite; else None (the caller's general path). The
+        two middle order statistics of each step's values: what a sort of them takes."""
+        if self.pos is not None:
+            return None
+        f = np.asarray(values, dtype=np.float64).reshape(self.shape)
+        if not bool(np.isfinite(f).all()):
+            return None
+        width = self.shape[0]
+        lo, hi = (width - 1) // 2, width // 2
+        by_step = np.ascontiguousarray(f.T)  # steps x ranks: each step's values contiguous
+        by_step.partition((lo, hi) if lo != hi else lo, axis=1)
+        out: AnyArray = (by_step[:, lo] + by_step[:, hi]) / 2.0
+        return out
+
+
 def _strictly_ordered(rank: AnyArray, step: AnyArray) -> bool:
     """``_fastnp.is_ordered(rank, step, strict=True)``, a chunk of rows at a time."""
     n = len(rank)
