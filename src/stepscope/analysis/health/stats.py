@@ -200,45 +200,57 @@ def _l1_costs(pts: AnyArray, ks: AnyArray, left: bool) -> AnyArray:
     return costs
 
 
-# id(rank array) -> (weak ref to it, ranks, positions ordered by (rank, step), bounds).
+# id(rank array) -> (weak ref to it, ranks, positions ordered by (rank, step), bounds,
+# whether those positions are 0..n-1: the table was ordered already).
 # Rules call rank_series once per rank and column; finding a rank's rows with ``rank == r``
 # each time cost O(ranks x rows) per column (minutes at 1,024 ranks). Arrays are not
 # hashable, so the key is the id and the weak reference both checks it and drops the entry
 # when the table's column goes away.
-_ORDER_CACHE: dict[int, tuple[weakref.ref[AnyArray], AnyArray, AnyArray, AnyArray]] = {}
+_ORDER_CACHE: dict[int, tuple[weakref.ref[AnyArray], AnyArray, AnyArray, AnyArray, bool]] = {}
 
 
-def _rank_order(table: StepTable) -> tuple[AnyArray, AnyArray, AnyArray]:
+def _rank_order(table: StepTable) -> tuple[AnyArray, AnyArray, AnyArray, bool]:
     rank = table["rank"]
     key = id(rank)
     hit = _ORDER_CACHE.get(key)
     if hit is not None and hit[0]() is rank:
-        return hit[1], hit[2], hit[3]
-    order = (np.arange(rank.size) if is_ordered(rank, table["step"])
+        return hit[1], hit[2], hit[3], hit[4]
+    ordered = is_ordered(rank, table["step"])
+    order = (np.arange(rank.size) if ordered
              else np.lexsort((table["step"], rank)))  # stable: ties keep table order
     ranks, starts = unique_ints(rank[order], return_index=True)
     bounds = np.r_[starts, rank.size]
     ref = weakref.ref(rank, lambda _: _ORDER_CACHE.pop(key, None))
-    _ORDER_CACHE[key] = (ref, ranks, order, bounds)
-    return ranks, order, bounds
+    _ORDER_CACHE[key] = (ref, ranks, order, bounds, ordered)
+    return ranks, order, bounds, ordered
 
 
 def rank_series(table: StepTable, rank: int, col: str) -> tuple[AnyArray, AnyArray]:
-    """(steps, values) of one rank and column, ordered by step."""
-    ranks, order, bounds = _rank_order(table)
+    """(steps, values) of one rank and column, ordered by step (read-only: in a table
+    already ordered by (rank, step), views of its columns, not copies)."""
+    ranks, order, bounds, ordered = _rank_order(table)
     i = int(np.searchsorted(ranks, rank))
     if i >= ranks.size or ranks[i] != rank:
         idx = order[:0]
     else:
-        idx = order[bounds[i]:bounds[i + 1]]
+        a, b = int(bounds[i]), int(bounds[i + 1])
+        if ordered:  # ~21 -> ~3 us a call: the rules make ~13,000 of them at 1,024 ranks
+            return _view(table["step"], a, b), _view(table[col], a, b)
+        idx = order[a:b]
     return table["step"][idx], table[col][idx]
+
+
+def _view(col: AnyArray, a: int, b: int) -> AnyArray:
+    v = col[a:b]
+    v.flags.writeable = False
+    return v
 
 
 def rank_values(table: StepTable, values: AnyArray) -> dict[int, AnyArray]:
     """``values`` (one per row of ``table``) split by rank, each ordered by step: what
     ``{r: values[table["rank"] == r] for r in table.ranks()}`` gives up to order, in one
     pass instead of one scan of the table per rank (2 G comparisons at 1,024 ranks)."""
-    ranks, order, bounds = _rank_order(table)
+    ranks, order, bounds, _ = _rank_order(table)
     return {int(r): values[order[bounds[i]:bounds[i + 1]]] for i, r in enumerate(ranks.tolist())}
 
 
