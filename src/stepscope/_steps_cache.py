@@ -184,12 +184,11 @@ def _write_manifest(cache_dir: Path, source: Path, m: _Manifest) -> None:
     _replace_from_tmp(_manifest_path(cache_dir, source), lambda f: f.write(data))
 
 
-def _prune(cache_dir: Path, source: Path, m: _Manifest | None) -> None:
-    """Remove this file's segments the manifest no longer names (all of them when ``m`` is
-    None; then its emptied directory too). Best effort."""
+def _prune(cache_dir: Path, source: Path, m: _Manifest) -> None:
+    """Remove this file's segments the manifest no longer names (best effort): a listing
+    of its own directory, a few entries."""
     sub = _segment_dir(source)
-    keep = set() if m is None else {s["file"] for s in m.segments} | {
-        s["flags"] for s in m.segments}
+    keep = {s["file"] for s in m.segments} | {s["flags"] for s in m.segments}
     try:
         names = os.listdir(cache_dir / sub)
     except OSError:
@@ -197,9 +196,6 @@ def _prune(cache_dir: Path, source: Path, m: _Manifest | None) -> None:
     for name in names:
         if f"{sub}/{name}" not in keep:
             (cache_dir / sub / name).unlink(missing_ok=True)
-    if m is None:
-        with contextlib.suppress(OSError):
-            (cache_dir / sub).rmdir()
 
 
 def _usable(m: _Manifest | None, st: os.stat_result, fd: int) -> bool:

@@ -96,7 +96,6 @@ class StepGrid:
         keep = count > 0
         return self.steps[keep], (acc[keep] / count[keep] if how == "mean" else acc[keep])
 
-
     def median_over_ranks(self, values: AnyArray) -> AnyArray | None:
         """Each step's median over ranks of ``values`` (one per row), when every rank has
         every step and every value is finite; else None (the caller's general path). The
