@@ -83,7 +83,8 @@ class LastResult(Generic[T]):
 
     ``keys`` (arrays, tables) are matched by identity through weak references (a result
     never keeps a table alive, and a new object at a reused address is never mistaken for
-    the old one); ``rest`` by identity too. ``entries``: how many are kept, the most
+    the old one); ``rest`` by identity too (so not numbers: an int past 256 is a new
+    object each time it is computed). ``entries``: how many are kept, the most
     recently used first (one: a command analyses one table at a time; two where it
     alternates between two, as ``compare`` does). Callers must not modify a result
     (masks are returned read-only).

@@ -264,3 +264,17 @@ def test_thinned_rows_equal_the_lexsort_of_every_row(ranks: int, steps: int, uni
     want = _old_thinned(base)
     for name in ("rows_sorted", "rows_unit", "rows_weight"):
         assert np.array_equal(getattr(got, name), getattr(want, name))
+
+
+def test_the_steady_mask_of_a_large_table_is_computed_once() -> None:
+    """The sheet, the health rules and the ledgers each ask for it: past 256 rows a key of
+    ``len(table)`` (a new int object every time) once made each ask recompute it."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    t = StepTable.from_columns({"rank": np.repeat(np.arange(4), n // 4),
+                                "step": np.tile(np.arange(n // 4), 4),
+                                "step_time_s": rng.uniform(0.9, 1.1, n)})
+    first = summary.steady_mask(t)
+    assert summary.steady_mask(t) is first
+    assert np.array_equal(first, summary._steady_mask(t["rank"], t["step"], t["step_time_s"],
+                                                      None, None))

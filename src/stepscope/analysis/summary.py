@@ -76,12 +76,14 @@ def steady_mask(table: StepTable) -> AnyArray:
     """
     tool = table["tool_s"] if table.has_data("tool_s") else None
     prof = table["profiled"] if table.has_data("profiled") else None
-    return _STEADY((table["rank"], table["step"], table["step_time_s"]),
-                   (len(table), tool, prof))
+    # Only arrays and None as keys: they match by identity, and ``len(table)`` past 256 is
+    # a new int object at every call (the mask was recomputed at each of 3-4 asks).
+    return _STEADY((table["rank"], table["step"], table["step_time_s"]), (tool, prof))
 
 
-def _steady_mask(rank: AnyArray, step: AnyArray, step_time: AnyArray, n_rows: int,
+def _steady_mask(rank: AnyArray, step: AnyArray, step_time: AnyArray,
                  tool: AnyArray | None, prof: AnyArray | None) -> AnyArray:
+    n_rows = len(rank)
     mask = np.zeros(n_rows, dtype=bool)
     mask.flags.writeable = False
     if not n_rows:
