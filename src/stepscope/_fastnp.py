@@ -64,6 +64,10 @@ def unique_ints(x: AnyArray, *, return_inverse: bool = False,
     return out[0] if len(out) == 1 else tuple(out)
 
 
+def _same(x: Any, y: Any) -> bool:
+    return x is y or (type(x) is type(y) and type(x) in (int, float, str) and x == y)
+
+
 def is_ordered(rank: AnyArray, step: AnyArray, strict: bool = False) -> bool:
     """True when the rows are ordered by (rank, step) (``strict``: no repeated pair)."""
     if rank.size < 2:
@@ -83,8 +87,8 @@ class LastResult(Generic[T]):
 
     ``keys`` (arrays, tables) are matched by identity through weak references (a result
     never keeps a table alive, and a new object at a reused address is never mistaken for
-    the old one); ``rest`` by identity too (so not numbers: an int past 256 is a new
-    object each time it is computed). ``entries``: how many are kept, the most
+    the old one); ``rest`` by identity too, numbers and strings by value (an int past
+    256 is a new object each time it is computed). ``entries``: how many are kept, the most
     recently used first (one: a command analyses one table at a time; two where it
     alternates between two, as ``compare`` does). Callers must not modify a result
     (masks are returned read-only).
@@ -100,7 +104,7 @@ class LastResult(Generic[T]):
             if (len(refs) == len(arrays)
                     and all(r() is a for r, a in zip(refs, arrays, strict=True))
                     and len(args) == len(rest)
-                    and all(x is y for x, y in zip(args, rest, strict=True))):
+                    and all(_same(x, y) for x, y in zip(args, rest, strict=True))):
                 self._kept.insert(0, self._kept.pop(i))
                 return result
         result = self._fn(*arrays, *rest)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepscope._fastnp import is_ordered, unique_ints
+from stepscope._fastnp import LastResult, is_ordered, unique_ints
 from stepscope.analysis import regimes, summary
 from stepscope.analysis.compare import speed
 from stepscope.analysis.compare.sample import CHUNK_FLOATS, METRICS, shared_products, step_sample
@@ -278,3 +278,10 @@ def test_the_steady_mask_of_a_large_table_is_computed_once() -> None:
     assert summary.steady_mask(t) is first
     assert np.array_equal(first, summary._steady_mask(t["rank"], t["step"], t["step_time_s"],
                                                       None, None))
+    # The shared mechanism: a key holding a number matches by value, not identity.
+    calls = []
+    kept = LastResult(lambda a, k: calls.append(k) or k)
+    big = t["rank"]
+    kept((big,), (int("4000"),))
+    kept((big,), (int("4000"),))  # an equal int, another object
+    assert calls == [4000]

@@ -76,8 +76,6 @@ def steady_mask(table: StepTable) -> AnyArray:
     """
     tool = table["tool_s"] if table.has_data("tool_s") else None
     prof = table["profiled"] if table.has_data("profiled") else None
-    # Only arrays and None as keys: they match by identity, and ``len(table)`` past 256 is
-    # a new int object at every call (the mask was recomputed at each of 3-4 asks).
     return _STEADY((table["rank"], table["step"], table["step_time_s"]), (tool, prof))
 
 
