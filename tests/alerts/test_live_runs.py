@@ -73,10 +73,11 @@ def test_step_time_tripling_from_step_n_fires_within_m_steps(
     # Steps are recorded at the optimizer step: slow step 30 is the 31st row (index 30).
     assert 30 <= step_time[0]["step"] <= 30 + 3
     assert step_time[0]["delivery"]["webhook#1"].startswith("accepted")
-    [received] = [r for r in robots.state.accepted
-                  if r.platform == "webhook" and "step_time" in r.body["text"]]
-    assert received.body["alerts"][0]["values"]["step_time_s"] > 2.5 * (
-        received.body["alerts"][0]["values"]["median_s"])
+    # Chosen by the rule, not the text: another rule's numbers can name step_time_s (a data
+    # wait or a contended host alert, which a loaded CI host may rightly raise).
+    [received] = [a for r in robots.state.accepted if r.platform == "webhook"
+                  for a in r.body["alerts"] if a["rule"] == "step_time"]
+    assert received["values"]["step_time_s"] > 2.5 * received["values"]["median_s"]
 
 
 def test_healthy_run_fires_nothing(tmp_path: Path, robots: ChatRobots) -> None:

@@ -100,12 +100,14 @@ def test_rollouts_are_booked_as_eval_until_they_recur_then_in_the_step(run: Scri
     assert sorted(evals) == [4, 8]
     for k in (1, 2):
         rollout = own[k]["rollout"]
-        assert 0.9 * rollout < eval_s[k] < 1.2 * rollout + 0.01, (k, eval_s[k], rollout)
+        # 10 ms of slack each way: a scheduler slice lost between the script's own timestamps
+        # and stepscope's boundaries (a loaded host) moves the booked span by that much
+        assert 0.9 * rollout - 0.01 < eval_s[k] < 1.2 * rollout + 0.01, (k, eval_s[k], rollout)
     for k in range(3, 10):
         interval = own[k]["t"] - own[k - 1]["t"]
         booked = eval_s[k] if eval_s[k] == eval_s[k] else 0.0
         if k in evals:  # the evaluation alone, not the rollout after it
-            assert 0.9 * evals[k] < booked < 1.2 * evals[k] + 0.01, (k, booked, evals[k])
+            assert 0.9 * evals[k] - 0.01 < booked < 1.2 * evals[k] + 0.01, (k, booked, evals[k])
         else:
             assert booked == 0.0, (k, booked)
         # the step holds its rollout: its span is the script's interval less the evaluation
