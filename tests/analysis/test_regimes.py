@@ -99,6 +99,25 @@ def test_condition_differences_need_less_cpu_and_more_queueing() -> None:
     assert condition_differences(a, quiet, b, sleepy) == []
 
 
+def test_a_run_shorter_than_the_sampling_interval_is_judged_by_the_sample_covering_it(
+        ) -> None:
+    """A one-second run A beside a contended B (the real-pair test's failure on a loaded
+    CI host): A's steady steps took 0.5 s and no sample was taken inside them; the
+    sample taken just after covers them (its interval began before they ended)."""
+    st = np.full(60, 0.01) * JITTER[:60]
+    a = table(st, np.ones(60), np.full(60, 5.0))
+    b = table(st * 6, np.full(60, 0.15), np.full(60, 5.0))
+    end = float(a["wall_time_s"][-1])
+    after = {0: [{"wall_time_s": end + 0.4, "interval_s": 1.0, "main_oncpu_frac": 0.9,
+                  "main_runq_frac": 0.05}]}
+    busy = _cond(b, main_oncpu_frac=0.15, main_runq_frac=0.8, interval_s=0.1)
+    diffs = condition_differences(a, after, b, busy)
+    assert [(d.name, d.a, d.b) for d in diffs] == [("main_runq_frac", 0.05, 0.8)]
+    # A sample whose interval began after the window ended says nothing about it.
+    later = {0: [{**after[0][0], "interval_s": 0.3}]}
+    assert condition_differences(a, later, b, busy) == []
+
+
 def test_preemptions_count_only_with_less_cpu_in_the_same_run() -> None:
     st = np.full(60, 0.1) * JITTER[:60]
     a = table(st, np.ones(60), np.full(60, 5.0))

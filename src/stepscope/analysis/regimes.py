@@ -254,7 +254,7 @@ def condition_columns(conditions: Mapping[int, Sequence[Mapping[str, Any]]] | No
     if hit is not None and hit[0] is conditions and conditions is not None:
         return hit[1]
     samples = [s for rank in sorted(conditions or {}) for s in (conditions or {})[rank]]
-    keys = ("wall_time_s", "ncpu", *_COND_FIELDS)
+    keys = ("wall_time_s", "interval_s", "ncpu", *_COND_FIELDS)
 
     def num(v: Any) -> float:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else np.nan
@@ -265,11 +265,14 @@ def condition_columns(conditions: Mapping[int, Sequence[Mapping[str, Any]]] | No
 
 
 def window_values(cols: Mapping[str, AnyArray], key: str, t0: float, t1: float) -> AnyArray:
-    """The finite values of ``key`` sampled between UNIX times t0 and t1."""
-    wall, v = cols.get("wall_time_s"), cols.get(key)
+    """The finite values of ``key`` sampled between UNIX times t0 and t1; if none was (a
+    window shorter than the sampling interval), those whose ``interval_s`` overlaps it."""
+    wall, v, span = cols.get("wall_time_s"), cols.get(key), cols.get("interval_s")
     if wall is None or v is None or not wall.size:
         return np.array([])
     sel = (wall >= t0) & (wall <= t1) & np.isfinite(v)
+    if not sel.any() and span is not None:  # a share taken just after the window covers it
+        sel = (wall > t1) & (wall - np.nan_to_num(span, nan=0.0) < t1) & np.isfinite(v)
     return np.asarray(v[sel])
 
 
