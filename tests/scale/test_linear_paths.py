@@ -239,7 +239,7 @@ def _old_thinned(s):  # the lexsort of every row, as before
     pos = start[has, None] + ((np.arange(k) + 0.5) * count[has, None] / k).astype(np.int64)
     vals = s.rows_sorted[order][pos].ravel()
     units = np.repeat(has, k)
-    weight = np.repeat(count[has] / k, k).astype(np.float64)
+    weight = np.repeat(count[has], k).astype(np.float64)  # k x count/k, as now
     by_value = np.argsort(vals, kind="stable")
     return dataclasses.replace(s, rows_sorted=vals[by_value], rows_unit=units[by_value],
                                rows_weight=weight[by_value])
@@ -285,3 +285,43 @@ def test_the_steady_mask_of_a_large_table_is_computed_once() -> None:
     kept((big,), (int("4000"),))
     kept((big,), (int("4000"),))  # an equal int, another object
     assert calls == [4000]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_checkpointed_weighted_median_equals_the_row_scan(seed: int) -> None:
+    """The bootstrap median from block checkpoints equals the cumulative sum over every row,
+    exactly: ties between values, zero-weight units (undrawn), a last short block, thinned
+    rows with integer weights, replicates that weigh one unit only."""
+    import dataclasses
+
+    from stepscope.analysis.compare import sample
+    rng = np.random.default_rng(seed)
+    n_units = int(rng.integers(1, 400))
+    n_rows = int(rng.integers(1, 6000))
+    unit = np.sort(rng.integers(0, n_units, n_rows)) if seed % 3 == 0 else \
+        rng.integers(0, n_units, n_rows)
+    vals = rng.gamma(4, 0.25, n_rows)
+    if seed % 2:
+        vals = np.round(vals, 1)  # many ties
+    order = np.argsort(vals, kind="stable")
+    row_w = rng.integers(1, 60, n_rows).astype(np.float64) if seed % 4 == 1 else \
+        np.broadcast_to(np.float64(1.0), (n_rows,))
+    base = step_sample(_run(0, 2, 8))
+    s = dataclasses.replace(base, rows_sorted=vals[order],
+                            rows_unit=unit[order].astype(np.int32),
+                            rows_weight=row_w if row_w.strides == (0,) else row_w[order])
+    w = speed._weights(rng, n_units, 64)
+    w[0] = 0.0
+    w[0, int(rng.integers(0, n_units))] = 3.0  # one unit alone (or one absent: all zero)
+    w[1] = 1.0
+    w[1, : n_units // 2] = 0.0  # a split half
+    want = sample._median_scan(s, w)
+    got = sample._median_checkpointed(s, w)
+    assert np.array_equal(got, want)
+    # and the scan is the median: each row repeated by its weight
+    for r in range(4):
+        rep = np.repeat(s.rows_sorted, (w[r, s.rows_unit] * row_w[order if row_w.strides
+                                                                  else slice(None)])
+                        .astype(np.int64))
+        if rep.size:
+            assert want[r] == np.median(rep)

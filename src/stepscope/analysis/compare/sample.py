@@ -124,7 +124,10 @@ class StepSample:
         pos = start[has, None] + ((np.arange(k) + 0.5) * count[has, None] / k).astype(np.int64)
         vals = self.rows_sorted[order][pos].ravel()
         units = np.repeat(has, k)
-        weight = np.repeat(count[has] / k, k).astype(np.float64)
+        # Each of a unit's k rows stands for count/k rows; the weight kept is the count
+        # itself (k times that, for every row alike, which moves no median). Integers keep
+        # every sum of weights exact, so any order of summation finds the same median.
+        weight = np.repeat(count[has], k).astype(np.float64)
         by_value = np.argsort(vals, kind="stable")
         return dataclasses.replace(self, rows_sorted=vals[by_value],
                                    rows_unit=units[by_value], rows_weight=weight[by_value])
@@ -290,6 +293,52 @@ def _median_stat(s: StepSample, w: FloatArray) -> FloatArray:
     v = s.rows_sorted
     if np.all(w == 1):
         return np.full(w.shape[0], float(np.median(v)) if v.size else math.nan)
+    if v.size and w.shape[1] * _n_blocks(v.size) <= CHUNK_FLOATS:
+        return _median_checkpointed(s, w)
+    return _median_scan(s, w)
+
+
+def _n_blocks(n_rows: int) -> int:
+    return -(-n_rows // max(1, math.isqrt(n_rows)))
+
+
+def _median_checkpointed(s: StepSample, w: FloatArray) -> FloatArray:
+    """``_median_scan``'s medians from checkpoints: the sorted rows cut into about
+    sqrt(rows) blocks, each block's weight per replicate from one product (replicates x
+    units) @ (units x blocks), and only the block where the cumulative weight crosses half
+    scanned row by row. At 1,024 ranks (50,000 rows, 2,000 replicates) that replaces 10^8
+    gathered weights with one small matrix product and 2 x 2,000 x 224.
+
+    Exactly ``_median_scan``'s result: bootstrap counts and row weights are integers, so
+    every partial sum is an exact float and the order of summation cannot move a
+    crossing."""
+    v, unit = s.rows_sorted, s.rows_unit
+    n = v.size
+    size = max(1, math.isqrt(n))
+    nb = _n_blocks(n)
+    row_w = np.broadcast_to(s.rows_weight, (n,))
+    block = np.arange(n) // size
+    per_block = np.bincount(unit.astype(np.int64) * nb + block, weights=row_w,
+                            minlength=w.shape[1] * nb).reshape(w.shape[1], nb)
+    cum = np.cumsum(w @ per_block, axis=1)  # (replicates x blocks): weight up to each end
+    half = cum[:, -1] / 2.0
+    reps = np.arange(w.shape[0])
+    offs = np.arange(size)
+    found = []
+    for crossed in (np.greater_equal, np.greater):  # the lower and the upper middle row
+        b = np.argmax(crossed(cum, half[:, None]), axis=1)
+        before = np.where(b > 0, cum[reps, b - 1], 0.0)
+        # The last block may be short: its row index is clipped, and the repeats only add
+        # weight after the crossing, which lies among the block's real rows.
+        rows = np.minimum(b[:, None] * size + offs, n - 1)
+        run = before[:, None] + np.cumsum(w[reps[:, None], unit[rows]] * row_w[rows], axis=1)
+        found.append(b * size + np.argmax(crossed(run, half[:, None]), axis=1))
+    return np.asarray((v[found[0]] + v[found[1]]) / 2.0)
+
+
+def _median_scan(s: StepSample, w: FloatArray) -> FloatArray:
+    """The weighted medians by a cumulative sum over every row, per replicate."""
+    v = s.rows_sorted
     out = np.empty(w.shape[0])
     chunk = max(1, CHUNK_FLOATS // max(1, v.size))
     for lo in range(0, w.shape[0], chunk):
