@@ -102,13 +102,20 @@ def test_wrong_flag_is_one_line() -> None:
 
 @pytest.mark.xdist_group("demo")
 def test_demo_slow_data_walks_through_the_isolation_story(tmp_path: Path) -> None:
-    """breakdown -> suspect -> isolation run -> verdict -> advice, recorded for diagnose."""
-    out = tmp_path / "slow"
-    proc = stepscope("demo", "--slow-data", "--steps", "14", "--out", str(out), "--json")
-    assert proc.returncode == 0, proc.stderr
-    sheet = json.loads(proc.stdout)
+    """breakdown -> suspect -> isolation run -> verdict -> advice, recorded for diagnose.
+
+    Another test may load this shared host during one arm only (the real-pair tests' CPU
+    hogs): the verdict is then rightly inconclusive, naming the host, and the demo is run
+    once more."""
+    for attempt in range(2):
+        out = tmp_path / f"slow{attempt}"
+        proc = stepscope("demo", "--slow-data", "--steps", "14", "--out", str(out), "--json")
+        assert proc.returncode == 0, proc.stderr
+        sheet = json.loads(proc.stdout)
+        iso = sheet["isolation"]
+        if not (iso["verdict"] == "inconclusive" and "quiet host" in iso["message"]):
+            break
     assert sheet["data_wait_frac"] > 0.05  # the serial tokenizer shows as data wait
-    iso = sheet["isolation"]
     assert iso["kind"] == "data" and iso["experiment_run"] == f"{out}-replay"
     assert iso["experiment_rate"] > iso["baseline_rate"]
     assert iso["verdict"] in ("bottleneck", "minor") and iso["share"] > 0.05
