@@ -50,7 +50,7 @@ import orjson
 from ._steps_decode import VALUE_RULES, Block, ReadStats, concat_blocks, decode_steps
 from ._steps_lazy import CachedColumns, Part, open_part
 
-__all__ = ["load_rank_file", "uncached_bytes", "load_cached_run", "covered", "CACHE_FORMAT"]
+__all__ = ["load_rank_file", "read_rank_file", "uncached_bytes", "load_cached_run", "CACHE_FORMAT"]
 
 # Changes whenever what a cached segment means changes (validation rules, layout).
 CACHE_FORMAT = "stepscope-steps-2:" + hashlib.sha1(
@@ -78,9 +78,20 @@ def _manifest_path(cache_dir: Path, source: Path) -> Path:
     return cache_dir / f"{source.name}.json"
 
 
-def _read_manifest(path: Path) -> _Manifest | None:
+def _read_doc(path: Path) -> Any:
+    """The parsed manifest file, or None (absent, unreadable, not JSON)."""
     try:
-        d = orjson.loads(path.read_bytes())
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def _read_manifest(path: Path) -> _Manifest | None:
+    return _manifest_of(_read_doc(path))
+
+
+def _manifest_of(d: Any) -> _Manifest | None:
+    try:
         if d.get("format") != CACHE_FORMAT:
             return None
         m = _Manifest(**{k: d[k] for k in _Manifest.__dataclass_fields__})
@@ -90,7 +101,7 @@ def _read_manifest(path: Path) -> _Manifest | None:
                 or not isinstance(m.segments, list):
             return None
         return m
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
@@ -156,16 +167,21 @@ def _segment_dir(source: Path) -> str:
     return f"{source.name}.d"
 
 
-def _write_segment(cache_dir: Path, source: Path, block: Block) -> dict[str, Any]:
+def _write_segment(cache_dir: Path, source: Path, block: Block
+                   ) -> tuple[dict[str, Any], bool]:
+    """The segment's manifest entry, and whether its directory was made for it (then it
+    holds nothing else: there is nothing to prune)."""
     cols = _segment_columns(block)
     seg_id = secrets.token_hex(6)
     sub = _segment_dir(source)
     name = f"{sub}/{seg_id}.npy"
     mat = np.stack([block.cols[c] for c in cols])
+    made = False
     try:
         _save_array(cache_dir / name, mat)
     except FileNotFoundError:  # the first segment of this file: its directory is made once
         (cache_dir / sub).mkdir(parents=True, exist_ok=True)
+        made = True
         _save_array(cache_dir / name, mat)
     flags = ""
     if block.flags:
@@ -176,7 +192,7 @@ def _write_segment(cache_dir: Path, source: Path, block: Block) -> dict[str, Any
         except OSError:
             (cache_dir / name).unlink(missing_ok=True)
             raise
-    return {"file": name, "flags": flags, "rows": block.n, "columns": cols}
+    return {"file": name, "flags": flags, "rows": block.n, "columns": cols}, made
 
 
 def _write_manifest(cache_dir: Path, source: Path, m: _Manifest) -> None:
@@ -209,16 +225,17 @@ def _usable(m: _Manifest | None, st: os.stat_result, fd: int) -> bool:
 
 def _update(cache_dir: Path, source: Path, old: _Manifest | None, st: os.stat_result,
             body_end: int, data_lines: int, check: str, body: Block, prefix: Block | None,
-            stats: ReadStats) -> None:
-    """Record ``body`` (the newly decoded whole lines) in the cache, best effort."""
+            stats: ReadStats, legacy: list[str]) -> _Manifest | None:
+    """Record ``body`` (the newly decoded whole lines) in the cache, best effort: the
+    manifest written, None when nothing could be (``legacy``: format-1 segments to remove
+    once it is)."""
     try:
-        legacy = _legacy_segments(cache_dir, source) if old is None else []
         segs = list(old.segments) if old is not None and prefix is not None else []
         if prefix is not None and len(segs) >= _MAX_SEGMENTS:
             segs, body = [], concat_blocks([prefix, body])
-        new = None
+        new, fresh = None, False
         if body.n or not segs:
-            new = _write_segment(cache_dir, source, body)
+            new, fresh = _write_segment(cache_dir, source, body)
             segs.append(new)
         m = _Manifest(ino=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns, end=body_end,
                       lines=data_lines, check=check, segments=segs, stats=stats.to_dict())
@@ -229,28 +246,30 @@ def _update(cache_dir: Path, source: Path, old: _Manifest | None, st: os.stat_re
                 if f:  # the segment just written is named by no manifest: not left behind
                     (cache_dir / f).unlink(missing_ok=True)
             raise
-        if old is None or prefix is None or not old.segments or len(segs) == 1:
+        if not fresh and (old is None or prefix is None or not old.segments
+                          or len(segs) == 1):
             _prune(cache_dir, source, m)
         for name in legacy:
             (cache_dir / name).unlink(missing_ok=True)
+        return m
     except OSError:
         # Read-only or full disk: this read still has its result, just no cache (and no
         # segment directory left empty by the failed write).
         with contextlib.suppress(OSError):
             (cache_dir / _segment_dir(source)).rmdir()
+        return None
 
 
-def _legacy_segments(cache_dir: Path, source: Path) -> list[str]:
-    """The segments that a manifest of the format before per-file directories
+def _legacy_segments(source: Path, d: Any) -> list[str]:
+    """The segments that a manifest ``d`` (parsed) of the format before per-file directories
     (``stepscope-steps-1``: ``RUN/.cache/steps/rank-00000.jsonl.<id>.npy``) names, to remove
     once a new manifest replaces it. Only names of exactly that form, whatever the manifest
-    says; none when there is no such manifest."""
+    says; none when it is not such a manifest."""
     try:
-        d = orjson.loads(_manifest_path(cache_dir, source).read_bytes())
         if not str(d.get("format", "")).startswith("stepscope-steps-1:"):
             return []
         names = [str(x) for seg in d["segments"] for x in (seg["file"], seg["flags"]) if x]
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError):
         return []
     form = re.compile(re.escape(source.name) + r"\.[0-9a-f]{12}(\.nan)?\.npy")
     return [n for n in names if form.fullmatch(n)]
@@ -288,11 +307,6 @@ def _whole(path: Path, cache_dir: Path) -> _Manifest | None:
         os.close(fd)
 
 
-def covered(path: Path, cache_dir: Path) -> bool:
-    """Whether the cache now holds all of ``path`` (so a reader can load it from there)."""
-    return _whole(path, cache_dir) is not None
-
-
 def load_cached_run(files: list[Path], cache_dir: Path
                     ) -> tuple[CachedColumns, list[ReadStats]] | None:
     """All of ``files`` from their cache segments, when every file is wholly cached (else
@@ -303,10 +317,14 @@ def load_cached_run(files: list[Path], cache_dir: Path
     run's array, so the columns a command never reads cost nothing. Duplicates are not
     merged here: the caller checks the order.
     """
-    ms = [_whole(f, cache_dir) for f in files]
-    if not ms or any(m is None for m in ms):
+    manifests = []
+    for f in files:  # the first file not wholly cached ends it (a cold read: the first)
+        m = _whole(f, cache_dir)
+        if m is None:
+            return None
+        manifests.append(m)
+    if not manifests:
         return None
-    manifests = [m for m in ms if m is not None]
     segs = [s for m in manifests for s in m.segments]
     parts: list[Part] = []
     try:
@@ -341,8 +359,20 @@ def load_cached_run(files: list[Path], cache_dir: Path
     return CachedColumns(n, names, parts, flags), stats
 
 
+def _newlines(data: bytes, end: int) -> int:
+    """``data.count(b"\\n", 0, end)``, a third of the time (0.14 ms a megabyte, not 0.42)."""
+    return int(np.count_nonzero(np.frombuffer(data, np.uint8, count=end) == 10))
+
+
 def load_rank_file(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats]:
     """Validated columns of one rank file (duplicates not yet merged), and what was skipped."""
+    block, stats, _ = read_rank_file(path, cache_dir)
+    return block, stats
+
+
+def read_rank_file(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats, bool]:
+    """``load_rank_file``, and whether the cache held all of the file as it was read (its
+    segments as they were, or written by this read): then a reader can take it from there."""
     stats = ReadStats(files=1)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -354,13 +384,14 @@ def load_rank_file(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats
         stats = ReadStats(files=1)
         stats.count("unreadable file")  # a file, not a record: ``skipped`` stays as it is
         stats.problem(f"{path.name}: unreadable ({exc}), skipped")
-        return Block(0, {}), stats
+        return Block(0, {}), stats, False
 
 
 def _load(fd: int, path: Path, cache_dir: Path | None, stats: ReadStats
-          ) -> tuple[Block, ReadStats]:
+          ) -> tuple[Block, ReadStats, bool]:
     st = os.fstat(fd)
-    m = _read_manifest(_manifest_path(cache_dir, path)) if cache_dir is not None else None
+    doc = _read_doc(_manifest_path(cache_dir, path)) if cache_dir is not None else None
+    m = _manifest_of(doc) if doc is not None else None
     prefix = None
     if cache_dir is not None and m is not None and _usable(m, st, fd):
         prefix = _load_segments(cache_dir, m)
@@ -372,16 +403,19 @@ def _load(fd: int, path: Path, cache_dir: Path | None, stats: ReadStats
     body_end = data.rfind(b"\n") + 1
     body, body_stats = decode_steps(data, path.name, lines + 1, final=False, end=body_end)
     # Line numbers matter only for a cache manifest and a torn tail's message.
-    body_lines = (data.count(b"\n", 0, body_end)
+    body_lines = (_newlines(data, body_end)
                   if cache_dir is not None or body_end < len(data) else 0)
     tail, tail_stats = decode_steps(data[body_end:], path.name, lines + 1 + body_lines,
                                     final=True)
     cached.merge(body_stats)
+    held = m if cache_dir is not None else None  # the manifest in effect after this read
     if cache_dir is not None and (m is None or body_end or st.st_size != m.size):
         end = start + body_end
         check = _pread(fd, max(0, end - _CHECK_BYTES), min(end, _CHECK_BYTES))
-        _update(cache_dir, path, m, st, end, lines + body_lines,
-                check.hex(), body, prefix, cached)
+        legacy = _legacy_segments(path, doc) if m is None and doc is not None else []
+        held = _update(cache_dir, path, m, st, end, lines + body_lines,
+                       check.hex(), body, prefix, cached, legacy)
     stats.merge(cached)
     stats.merge(tail_stats)
-    return concat_blocks([b for b in (prefix, body, tail) if b is not None]), stats
+    whole = held is not None and held.end == held.size == st.st_size
+    return concat_blocks([b for b in (prefix, body, tail) if b is not None]), stats, whole

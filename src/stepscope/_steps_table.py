@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ._fastnp import is_ordered
-from ._steps_cache import covered, load_cached_run, load_rank_file, uncached_bytes
+from ._steps_cache import load_cached_run, load_rank_file, read_rank_file, uncached_bytes
 from ._steps_decode import Block, ReadStats, concat_blocks
 from ._steps_lazy import deferred_table
 from .schema import AnyArray, StepTable
@@ -121,11 +121,12 @@ def _read_one(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats]:
 
 def _read_to_cache(path: Path, cache_dir: Path | None) -> tuple[Block | None, ReadStats]:
     """A worker's read: when the cache now holds the whole file, only the stats come back
-    (the parent loads the columns from the cache, faster than unpickling them)."""
-    block, stats = _read_one(path, cache_dir)
-    if cache_dir is not None and covered(path, cache_dir):
-        return None, stats
-    return block, stats
+    (the parent loads the columns from the cache, faster than unpickling them, and checks
+    the file against it again)."""
+    block, stats, whole = read_rank_file(path, cache_dir)
+    block = merge_duplicates(block, path.name, stats)
+    stats.records = block.n
+    return (None, stats) if whole else (block, stats)
 
 
 def _from_cache(files: Sequence[Path], cache_dir: Path | None
