@@ -325,3 +325,44 @@ def test_checkpointed_weighted_median_equals_the_row_scan(seed: int) -> None:
                         .astype(np.int64))
         if rep.size:
             assert want[r] == np.median(rep)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_chunked_order_check_equals_the_diff_of_every_row(seed: int,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """``is_ordered`` a chunk at a time equals the whole-column ``np.diff`` it replaced,
+    for a break anywhere (the first pair, a chunk's first or last pair, the last pair), by
+    rank alone and strictly."""
+    from stepscope import _fastnp
+    chunk = [1, 7, 64][seed % 3]
+    monkeypatch.setattr(_fastnp, "_ORDER_CHUNK", chunk)
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    rank = np.sort(rng.integers(0, 5, n))
+    per_rank = np.bincount(rank, minlength=5)
+    step = np.concatenate([np.sort(rng.integers(0, 30, c)) for c in per_rank])
+
+    def oracle(r: np.ndarray, s: np.ndarray | None, strict: bool) -> bool:
+        if r.size < 2:
+            return True
+        dr = np.diff(r)
+        if s is None:
+            return bool((dr >= 0).all())
+        ds = np.diff(s)
+        return bool(np.all((dr > 0) | ((dr == 0) & ((ds > 0) if strict else (ds >= 0)))))
+
+    cases = [(rank, step)]
+    for i in {1, chunk, chunk + 1, n - 1, int(rng.integers(1, max(2, n)))}:
+        if 1 <= i < n:  # rows i-1 and i swapped: their rank (or step) out of order
+            r, st = rank.copy(), step.copy()
+            (r[[i - 1, i]], st[[i - 1, i]]) = ((r[[i, i - 1]], st[[i - 1, i]]) if seed % 2
+                                               else (r[[i - 1, i]] + [1, 0], st[[i, i - 1]]))
+            cases.append((r, st))
+    broken = 0
+    for r, st in cases:
+        for s_, strict in ((st, False), (st, True), (None, False)):
+            want = oracle(r, s_, strict)
+            assert is_ordered(r, s_, strict=strict) == want
+            broken += not want
+    assert n < 2 or broken  # the breaks were real ones

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._fastnp import is_ordered
 from ..schema import AnyArray
 
 __all__ = ["Groups"]
@@ -35,9 +36,7 @@ class Groups:
 
     @classmethod
     def of(cls, rank: AnyArray, within: AnyArray | None = None) -> Groups:
-        order = _stable_order(rank, within)
-        identity = bool(order.size == 0 or (order[0] == 0 and order[-1] == order.size - 1
-                                             and bool(np.all(np.diff(order) == 1))))
+        order, identity = _stable_order(rank, within)
         r = rank if identity else rank[order]
         starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]]) if r.size else r[:0]
         counts = np.diff(np.r_[starts, r.size])
@@ -92,17 +91,11 @@ class Groups:
         return out
 
 
-def _stable_order(rank: AnyArray, within: AnyArray | None) -> AnyArray:
-    """Stable order by rank (then ``within``); the identity when the rows already are."""
-    order: AnyArray
-    if rank.size < 2:
-        return np.arange(rank.size)
-    dr = np.diff(rank)
+def _stable_order(rank: AnyArray, within: AnyArray | None) -> tuple[AnyArray, bool]:
+    """Stable order by rank (then ``within``), and whether it is the identity (the rows
+    already are in that order)."""
+    if is_ordered(rank, within):
+        return np.arange(rank.size), True
     if within is None:
-        order = np.arange(rank.size) if bool((dr >= 0).all()) else np.argsort(
-            rank, kind="stable")
-        return order
-    if bool(((dr > 0) | ((dr == 0) & (np.diff(within) >= 0))).all()):
-        return np.arange(rank.size)
-    order = np.lexsort((within, rank))
-    return order
+        return np.argsort(rank, kind="stable"), False
+    return np.lexsort((within, rank)), False

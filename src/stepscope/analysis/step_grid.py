@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._fastnp import LastResult
+from .._fastnp import LastResult, is_ordered
 from ..schema import AnyArray, StepTable
 
 __all__ = ["StepGrid", "step_grid", "general_path", "MAX_CELLS_PER_ROW"]
@@ -40,7 +40,6 @@ __all__ = ["StepGrid", "step_grid", "general_path", "MAX_CELLS_PER_ROW"]
 # constant): beyond it, missing rows would cost more memory than the general path.
 MAX_CELLS_PER_ROW = 2
 _CELL_SLACK = 4096
-_CHUNK = 1 << 20  # rows per pass of the order check (temporaries stay small)
 
 
 @dataclass(frozen=True)
@@ -113,24 +112,12 @@ class StepGrid:
         return out
 
 
-def _strictly_ordered(rank: AnyArray, step: AnyArray) -> bool:
-    """``_fastnp.is_ordered(rank, step, strict=True)``, a chunk of rows at a time."""
-    n = len(rank)
-    for lo in range(0, n - 1, _CHUNK):
-        hi = min(n, lo + _CHUNK + 1)
-        r, s = rank[lo:hi], step[lo:hi]
-        dr, ds = r[1:] - r[:-1], s[1:] - s[:-1]
-        if not bool(np.all((dr > 0) | ((dr == 0) & (ds > 0)))):
-            return False
-    return True
-
-
 def _build(table: StepTable) -> StepGrid | None:
     n = len(table)
     if n == 0 or table["rank"].dtype.kind not in "iu" or table["step"].dtype.kind not in "iu":
         return None
     rank, step = table["rank"], table["step"]
-    if not _strictly_ordered(rank, step):
+    if not is_ordered(rank, step, strict=True):
         return None
     starts = np.concatenate([[0], np.flatnonzero(rank[1:] != rank[:-1]) + 1, [n]])
     ranks = rank[starts[:-1]]
