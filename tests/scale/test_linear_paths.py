@@ -366,3 +366,20 @@ def test_chunked_order_check_equals_the_diff_of_every_row(seed: int,
             assert is_ordered(r, s_, strict=strict) == want
             broken += not want
     assert n < 2 or broken  # the breaks were real ones
+
+
+@pytest.mark.parametrize("at", [None, 0, 4095, 4096, 9999])
+def test_has_data_probes_the_first_rows_and_still_sees_a_value_anywhere(at: int | None
+                                                                         ) -> None:
+    """A column's only finite value at any row (before, at and past the first-rows probe)
+    is data; infinities, NaN throughout, a never-recorded column are not."""
+    n = 10_000
+    loss = np.full(n, np.nan)
+    loss[::3] = np.inf
+    if at is not None:
+        loss[at] = 2.5
+    t = StepTable.from_columns({"rank": np.zeros(n, int), "step": np.arange(n),
+                                "step_time_s": np.ones(n), "loss": loss})
+    assert t.has_data("loss") is (at is not None)
+    assert not t.has_data("mfu") and not t.has_data("no_such_column")
+    assert t.has_data("loss") == bool(np.isfinite(t["loss"]).any())
