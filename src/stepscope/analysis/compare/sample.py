@@ -199,7 +199,10 @@ def step_sample(table: StepTable, meta: RunMeta | None = None,
     p = present
     unit = np.nonzero(p)[0]
     vals = t[p]
-    order = np.argsort(vals, kind="stable")
+    # Any order of equal values will do: every median over these rows (weighted, thinned)
+    # lands in a run of equal values by the weight before and within it, whatever order
+    # the run is in. Not stable: 0.18 s for 2 million rows instead of 0.39.
+    order = np.argsort(vals)
     # Unit indices fit 32 bits (a run of 2**31 steps is not one sample); the weight of
     # every row is 1, one shared value, until ``_thinned`` gives rows their own.
     unit_dtype = np.int32 if shape[0] <= np.iinfo(np.int32).max else np.int64
