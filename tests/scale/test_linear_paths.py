@@ -383,3 +383,26 @@ def test_has_data_probes_the_first_rows_and_still_sees_a_value_anywhere(at: int 
     assert t.has_data("loss") is (at is not None)
     assert not t.has_data("mfu") and not t.has_data("no_such_column")
     assert t.has_data("loss") == bool(np.isfinite(t["loss"]).any())
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_rank_medians_of_equal_groups_equal_one_median_per_slice(seed: int) -> None:
+    """Per-rank medians taken in one call on the (ranks x steps) grid when every rank has
+    as many rows and all are finite; else per slice. The same numbers, bit for bit."""
+    from stepscope.analysis._groups import Groups
+    rng = np.random.default_rng(seed)
+    ranks, steps = int(rng.integers(1, 40)), int(rng.integers(1, 60))
+    rank = np.repeat(np.arange(ranks), steps)
+    x = np.round(rng.gamma(50, 0.02, rank.size), 2)  # ties
+    if seed % 4 == 1:
+        x[int(rng.integers(0, x.size))] = np.nan  # one gap: per slice
+    if seed % 4 == 2 and ranks > 1:
+        rank, x = rank[1:], x[1:]  # unequal groups: per slice
+    g = Groups.of(rank)
+    for skip in (False, True):
+        want = []
+        for r in range(ranks):
+            part = x[rank == r][int(skip):]
+            part = part[np.isfinite(part)]
+            want.append(np.median(part) if part.size else np.nan)
+        assert np.array_equal(g.medians(x, skip_first=skip), np.array(want), equal_nan=True)

@@ -82,6 +82,11 @@ class Groups:
         v = self._ordered(x)
         out = np.full(self.ranks.size, np.nan)
         skip = int(skip_first)
+        width = int(self.counts[0]) if self.counts.size else 0
+        if width > skip and bool((self.counts == width).all()):
+            grid = v.reshape(self.ranks.size, width)[:, skip:]
+            if bool(np.isfinite(grid).all()):  # equal groups, all finite: one call
+                return np.asarray(np.median(grid, axis=1))
         for i, (a, n) in enumerate(zip(self.starts.tolist(), self.counts.tolist(),
                                        strict=True)):
             part = v[a + skip:a + n]
