@@ -44,6 +44,17 @@ def unique_ints(x: AnyArray, *, return_inverse: bool = False,
     """
     x = np.asarray(x)
     dense = x.ndim == 1 and x.dtype.kind in "iu" and x.size > 0
+    if dense and is_ordered(x):  # sorted (a store table's ranks): runs, no presence table
+        new = np.empty(x.size, dtype=bool)
+        new[0] = True
+        np.not_equal(x[1:], x[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+        got: list[Any] = [x[starts]]
+        if return_index:
+            got.append(starts)
+        if return_inverse:
+            got.append(np.cumsum(new, dtype=np.intp) - 1)
+        return got[0] if len(got) == 1 else tuple(got)
     lo = int(x.min()) if dense else 0
     span = int(x.max()) - lo + 1 if dense else 0
     if not dense or span > _SPAN_PER_VALUE * x.size + _SPAN_SLACK:
