@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ._fastnp import is_ordered
-from ._steps_cache import load_cached_run, load_rank_file, read_rank_file, uncached_bytes
+from ._steps_cache import load_cached_run, read_rank_file, uncached_bytes
 from ._steps_decode import Block, ReadStats, concat_blocks
 from ._steps_lazy import deferred_table
 from .schema import AnyArray, StepTable
@@ -112,10 +112,16 @@ def block_to_table(block: Block) -> StepTable:
     return StepTable(cols) if block.n else StepTable.empty()
 
 
-def _read_one(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats]:
-    block, stats = load_rank_file(path, cache_dir)
+def _read_merged(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats, bool]:
+    """One rank file's rows, duplicates merged, and whether the cache holds all of it."""
+    block, stats, whole = read_rank_file(path, cache_dir)
     block = merge_duplicates(block, path.name, stats)
     stats.records = block.n
+    return block, stats, whole
+
+
+def _read_one(path: Path, cache_dir: Path | None) -> tuple[Block, ReadStats]:
+    block, stats, _ = _read_merged(path, cache_dir)
     return block, stats
 
 
@@ -123,9 +129,7 @@ def _read_to_cache(path: Path, cache_dir: Path | None) -> tuple[Block | None, Re
     """A worker's read: when the cache now holds the whole file, only the stats come back
     (the parent loads the columns from the cache, faster than unpickling them, and checks
     the file against it again)."""
-    block, stats, whole = read_rank_file(path, cache_dir)
-    block = merge_duplicates(block, path.name, stats)
-    stats.records = block.n
+    block, stats, whole = _read_merged(path, cache_dir)
     return (None, stats) if whole else (block, stats)
 
 

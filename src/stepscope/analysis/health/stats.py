@@ -218,7 +218,7 @@ def _rank_order(table: StepTable) -> tuple[AnyArray, AnyArray, AnyArray, bool]:
     ordered = is_ordered(rank, table["step"])
     order = (np.arange(rank.size) if ordered
              else np.lexsort((table["step"], rank)))  # stable: ties keep table order
-    ranks, starts = unique_ints(rank[order], return_index=True)
+    ranks, starts = unique_ints(rank if ordered else rank[order], return_index=True)
     bounds = np.r_[starts, rank.size]
     ref = weakref.ref(rank, lambda _: _ORDER_CACHE.pop(key, None))
     _ORDER_CACHE[key] = (ref, ranks, order, bounds, ordered)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._fastnp import unique_ints
 from ...schema import AnyArray, StepTable
+from .._groups import Groups
 from ..findings import Finding
 from .config import HealthConfig, HealthContext
 from .stats import (
@@ -53,19 +53,12 @@ def _share(t: StepTable, col: str) -> float:
 
 
 def _worst_rank(t: StepTable, col: str) -> tuple[int | None, dict[str, float]]:
-    # _share of each rank's rows, from one stable sort (rows keep table order within a
-    # rank, so each sum is the same as over t.rank(r)) instead of one table copy per rank.
-    rank = t["rank"]
-    order = (np.arange(rank.size) if bool(np.all(np.diff(rank) >= 0))
-             else np.argsort(rank, kind="stable"))
-    ranks, starts = unique_ints(rank[order], return_index=True)
-    bounds = np.r_[starts, len(t)].tolist()
-    st, v = t["step_time_s"][order], t[col][order]
-    per = {}
-    for i, r in enumerate(ranks.tolist()):
-        total = float(np.nansum(st[bounds[i]:bounds[i + 1]]))
-        per[str(r)] = (float(np.nansum(v[bounds[i]:bounds[i + 1]])) / total
-                       if total > 0 else 0.0)
+    # _share of each rank's rows from the rank groups (each nansum over the rank's rows in
+    # table order, as over t.rank(r)) instead of one table copy per rank.
+    g = Groups.of(t["rank"])
+    totals, parts = g.sums(t["step_time_s"]).tolist(), g.sums(t[col]).tolist()
+    per = {str(r): (part / total if total > 0 else 0.0)
+           for r, total, part in zip(g.ranks.tolist(), totals, parts, strict=True)}
     if len(per) < 2:
         return None, per
     return int(max(per, key=lambda k: per[k])), per
