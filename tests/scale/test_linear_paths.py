@@ -321,10 +321,9 @@ def test_checkpointed_weighted_median_equals_the_row_scan(seed: int) -> None:
     got = sample._median_checkpointed(s, w)
     assert np.array_equal(got, want)
     # and the scan is the median: each row repeated by its weight
+    row_weight = np.broadcast_to(s.rows_weight, (n_rows,))
     for r in range(4):
-        rep = np.repeat(s.rows_sorted, (w[r, s.rows_unit] * row_w[order if row_w.strides
-                                                                  else slice(None)])
-                        .astype(np.int64))
+        rep = np.repeat(s.rows_sorted, (w[r, s.rows_unit] * row_weight).astype(np.int64))
         if rep.size:
             assert want[r] == np.median(rep)
 
