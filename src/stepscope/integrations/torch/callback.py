@@ -13,7 +13,6 @@ down and the zero-code hooks record instead (see :func:`.auto.active`).
 
 from __future__ import annotations
 
-import functools
 import os
 import weakref
 from typing import Any
@@ -22,7 +21,8 @@ from ...recorder import Recorder
 from ...session import StepSession
 from ...store import utc_stamp
 from . import flopsrun, layout, meta
-from .probes import _torch, environment, memory_probe, model_fingerprint, peak_flops_for_device
+from .clipnorm import watch_clip_norms
+from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
 
 __all__ = ["run_meta", "open_session", "Losses", "default_run_dir", "ClipNorms"]
 
@@ -95,29 +95,23 @@ class Losses:
 
 
 class ClipNorms:
-    """``clip_grad_norm_``'s return values (the pre-clip norm) while a callback trains.
+    """The pre-clip gradient norms (:mod:`.clipnorm`) while a callback trains.
 
     Trainers clip before the callbacks' optimizer-step events, so the gradients a callback
-    sees there are clipped. The function is wrapped where torch keeps it (never on a user
-    object) and :meth:`close` puts the original back.
+    sees there are clipped. The functions are wrapped where torch keeps them (never on a
+    user object) and :meth:`close` puts the originals back.
     """
 
     def __init__(self) -> None:
-        torch = _torch()
         self.last: Any = None
-        self._orig = orig = torch.nn.utils.clip_grad_norm_
         ref = weakref.ref(self)
 
-        @functools.wraps(orig)
-        def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
-            norm = orig(*args, **kwargs)
+        def on_norm(norm: Any) -> None:
             me = ref()
             if me is not None:
                 me.last = norm
-            return norm
 
-        self._wrapper = clip_grad_norm_
-        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+        self._undo = watch_clip_norms(on_norm)
 
     def take(self) -> float | None:
         """The norm of the last clip since the previous take, or None (no clipping)."""
@@ -125,9 +119,7 @@ class ClipNorms:
         return None if v is None else float(v)
 
     def close(self) -> None:
-        torch = _torch()
-        if torch.nn.utils.clip_grad_norm_ is self._wrapper:
-            torch.nn.utils.clip_grad_norm_ = self._orig
+        self._undo()
 
 
 def default_run_dir(prefix: str) -> str:

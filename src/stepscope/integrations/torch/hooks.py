@@ -28,6 +28,7 @@ import torch
 
 from ...sigterm import install_sigterm_finaliser
 from . import closure, ddp, loops, meta
+from .clipnorm import watch_clip_norms
 from .replay import Replay
 from .settings import Settings
 from .state import AutoState
@@ -226,19 +227,13 @@ def _loader_hook(st: AutoState) -> None:
 
 
 def _misc_hooks(st: AutoState) -> None:
-    orig_clip = torch.nn.utils.clip_grad_norm_
-
-    @functools.wraps(orig_clip)
-    def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
-        norm = orig_clip(*args, **kwargs)
+    def on_clip(norm: Any) -> None:
         try:
             st.clip_norm = norm.detach() if hasattr(norm, "detach") else norm
         except Exception as exc:
             st.failed("clip_grad_norm_ hook", exc)
-        return norm
 
-    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-    torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+    watch_clip_norms(on_clip)
 
     orig_seed = torch.manual_seed
 
