@@ -198,6 +198,7 @@ CLI = {
                '--name',
                '--no-html',
                '--out',
+               '--peak-tflops',
                '--profile-steps',
                '--samples-per-step',
                '--tensorboard',

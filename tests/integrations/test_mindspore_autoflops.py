@@ -22,13 +22,13 @@ import stepscope.cli.report  # noqa: F401  (registers `report`)
 from stepscope.cli import cli
 from stepscope.store import RunDir
 from support.script_log import printed
-from support.torch_run import BIN, stepscope_run
+from support.torch_run import BIN, peak_env, stepscope_run
 
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.xdist_group("mindspore"), pytest.mark.mindspore, pytest.mark.slow]
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ms_auto_flops.py"
-ENV = {"GLOG_v": "3", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+ENV = {"GLOG_v": "3", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **peak_env()}
 
 # Hand counts (multiply-add = 2 FLOPs, biases not counted), per batch.
 B_CNN, B_MLP = 8, 16

@@ -5,6 +5,7 @@ an MFU per sample with the convention named."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from stepscope.integrations.mindspore.flopcount import (
     dense_flops,
 )
 from stepscope.store import RunDir
+from support.torch_run import peak_env
 
 pytest.importorskip("mindspore")
 pytestmark = [pytest.mark.xdist_group("mindspore"), pytest.mark.mindspore, pytest.mark.slow]
@@ -39,7 +41,8 @@ ATTN = 2 * 4 * (12 * 32 * 32 + 2 * 20 * 32 * 32) + 2 * 2 * 4 * 12 * 20 * 32 + 2 
 
 def _run(run_dir: Path, *args: str) -> dict[str, Any]:
     p = subprocess.run([sys.executable, str(SCRIPT), str(run_dir), *args], cwd=run_dir.parent,
-                       capture_output=True, text=True, timeout=300, check=False)
+                       capture_output=True, text=True, timeout=300, check=False,
+                       env={**os.environ, **peak_env()})
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
 

@@ -16,7 +16,7 @@ import stepscope.cli.report  # noqa: F401  (registers `report`)
 from stepscope.cli import cli
 from stepscope.integrations.torch.flopcount import counted_fields, forward_flops
 from stepscope.store import RunDir
-from support.torch_run import python_script, stepscope_run
+from support.torch_run import peak_args, python_script, stepscope_run
 
 pytestmark = pytest.mark.xdist_group("torch_run")
 
@@ -114,7 +114,8 @@ def test_counted_fields_name_the_convention() -> None:
 @pytest.mark.parametrize("extra", [(), ("--mlp",)], ids=["cnn", "mlp"])
 def test_image_classifier_under_stepscope_run_gets_an_mfu(tmp_path, extra) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "run"
-    proc = stepscope_run(out, *python_script("torch_cnn.py", "--steps", "8", *extra))
+    proc = stepscope_run(out, *python_script("torch_cnn.py", "--steps", "8", *extra),
+                         args=peak_args())
     assert proc.returncode == 0, proc.stderr
     reference = int(next(ln.split()[1] for ln in proc.stdout.splitlines()
                          if ln.startswith("FLOPS ")))
@@ -131,3 +132,24 @@ def test_image_classifier_under_stepscope_run_gets_an_mfu(tmp_path, extra) -> No
         sheet["samples_per_s"] * env["flops_per_sample"] / env["peak_flops_per_device"])
     assert sheet["mfu_note"].startswith("counted: forward FLOPs x 3")
     assert "; per sample;" in sheet["mfu_note"]
+
+
+def test_given_peak_stands_before_the_table_and_a_bad_one_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`stepscope run --peak-tflops P`: the run's MFU is over P on any host (the only MFU on
+    a CPU stepscope's table has no figure for); 0 or a word is refused before running."""
+    out = tmp_path / "run"
+    proc = stepscope_run(out, *python_script("torch_cnn.py", "--steps", "6", "--mlp"),
+                         args=("--peak-tflops", "2.5"))
+    assert proc.returncode == 0, proc.stderr
+    env = RunDir(out).read_meta().environment
+    assert env["peak_flops_per_device"] == 2.5e12
+    assert env["peak_flops_source"] == "given: --peak-tflops 2.5 (STEPSCOPE_PEAK_TFLOPS)"
+    sheet = json.loads(CliRunner().invoke(cli, ["report", str(out), "--json",
+                                                "--no-html"]).output)
+    assert sheet["mfu"] == pytest.approx(sheet["samples_per_s"] * env["flops_per_sample"]
+                                         / 2.5e12)
+    for bad in ("0", "fast"):
+        proc = stepscope_run(tmp_path / f"bad-{bad}", *python_script("torch_cnn.py"),
+                             args=("--peak-tflops", bad))
+        assert proc.returncode == 2 and "--peak-tflops" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) <= 3 and not (tmp_path / f"bad-{bad}").exists()

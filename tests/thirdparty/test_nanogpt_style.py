@@ -20,7 +20,7 @@ from support.script_log import (
     report_json,
     run_under_stepscope,
 )
-from support.torch_run import BIN
+from support.torch_run import BIN, peak_args
 
 pytestmark = pytest.mark.xdist_group("torch_run")
 
@@ -30,7 +30,7 @@ BATCH, BLOCK, ACCUM = 4, 16, 4
 def _run(tmp_path_factory: pytest.TempPathFactory) -> ScriptRun:
     tmp = tmp_path_factory.mktemp("nanogpt")
     return run_under_stepscope(tmp / "run", "nanogpt_style.py", "--max-iters", "10",
-                               "--out-dir", str(tmp))
+                               "--out-dir", str(tmp), args=peak_args())
 
 
 @pytest.fixture(scope="module")

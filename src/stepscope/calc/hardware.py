@@ -22,6 +22,8 @@ Example::
 from __future__ import annotations
 
 import difflib
+import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -37,6 +39,8 @@ __all__ = [
     "explain_miss",
     "require_peak",
     "is_host_cpu",
+    "given_peak",
+    "PEAK_ENV",
 ]
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -312,3 +316,24 @@ def require_peak(device_name: str, dtype: str = "bf16") -> PeakEntry:
     if entry is None:
         raise UnknownDeviceError(explain_miss(device_name, dtype))
     return entry
+
+
+# The peak a user gives a recorded run (`stepscope run --peak-tflops P` sets it for the
+# command; a script using a callback may set it itself): TFLOP/s per device.
+PEAK_ENV = "STEPSCOPE_PEAK_TFLOPS"
+
+
+def given_peak(dtype: str = "fp32") -> PeakEntry | None:
+    """The dense peak per device the user gave in ``$STEPSCOPE_PEAK_TFLOPS``, or None when
+    none (or not a positive number: a training process never fails on it, and MFU then
+    falls back to the device table). It stands before the table for any device: on a CPU
+    or accelerator the table has no defensible figure for, it is the only way to an MFU."""
+    text = os.environ.get(PEAK_ENV, "").strip()
+    try:
+        tflops = float(text)
+    except ValueError:
+        return None
+    if not (tflops > 0 and math.isfinite(tflops)):
+        return None
+    return PeakEntry(device="given", dtype=_dtype_key(dtype) or dtype, flops=tflops * 1e12,
+                     source=f"given: --peak-tflops {text} ({PEAK_ENV})")

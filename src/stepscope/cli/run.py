@@ -55,6 +55,10 @@ from .common import emit_json
                    "megatron-2022 (those with an attention term need model.config's shape), "
                    "counted (forward FLOPs counted on the model x 3; the default when no "
                    "token ids are seen, e.g. CNNs and MLPs).")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="P",
+              help="Dense peak TFLOP/s per device for the run's MFU, over stepscope's device "
+                   "table (a CPU or accelerator it has no figure for).")
 @click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False),
               default=None, metavar="DIR",
               help="Also write the per-step series live to TensorBoard event files in DIR "
@@ -71,7 +75,8 @@ from .common import emit_json
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: int,
             tokens_per_step: float | None, samples_per_step: float | None,
-            cross_rank_every: int | None, flops_convention: str | None, grace_s: float,
+            cross_rank_every: int | None, flops_convention: str | None,
+            peak_tflops: float | None, grace_s: float,
             alerts_file: str | None, metrics_port: int | None, tensorboard_dir: str | None,
             mlflow_uri: str | None, mlflow_experiment: str, no_html: bool, as_json: bool,
             command: tuple[str, ...]) -> None:
@@ -103,6 +108,10 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
             raise click.BadParameter(f"{flops_convention!r}: expected one of "
                                      f"{', '.join(NAMES)}", param_hint="--flops-convention")
         env["STEPSCOPE_FLOPS_CONVENTION"] = flops_convention
+    if peak_tflops is not None:
+        from ..calc.hardware import PEAK_ENV
+
+        env[PEAK_ENV] = repr(peak_tflops)
     if alerts_file or metrics_port is not None or os.environ.get("STEPSCOPE_ALERTS"):
         from ..alerts.launch import live_env  # start-up time: only when alerts are asked for
 

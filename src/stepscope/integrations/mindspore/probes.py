@@ -81,6 +81,9 @@ def peak_flops(dtype: str = "fp32") -> tuple[float | None, str]:
     """Dense peak FLOP/s of one device and its source, from ``stepscope.calc``; on the CPU
     for the cores this process may run on. (None, why) when unknown: MFU then shows as
     unavailable, never guessed."""
+    given = hardware.given_peak(dtype)
+    if given is not None:
+        return given.flops, given.source
     info = device_info()
     if info["device_kind"] == "cpu":
         entry = cpu_peak_here(dtype)[0]  # MindSpore's CPU kernels use every allowed core
@@ -88,7 +91,7 @@ def peak_flops(dtype: str = "fp32") -> tuple[float | None, str]:
         entry = hardware.lookup_peak(info["device_name"], dtype)
     if entry is None:
         return None, (f"no peak FLOP/s known for {info['device_name']!r} ({dtype}); "
-                      "pass --peak-tflops to get MFU")
+                      "pass stepscope run --peak-tflops to get MFU")
     return float(entry.flops), str(entry.source)
 
 

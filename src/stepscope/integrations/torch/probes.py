@@ -189,6 +189,9 @@ def peak_flops_for_device(device: Any = None, dtype: str = "fp32"
     Uses the calculator's table (``stepscope.calc.hardware``). Returns ``(None, why)``
     when the device is unknown: MFU is then reported as unavailable, never guessed.
     """
+    given = hardware.given_peak(dtype)
+    if given is not None:
+        return given.flops, given.source
     info = device_info(device)
     if info["device_kind"] == "cpu":
         entry, why = cpu_peak_here(dtype, threads=info.get("cpu_threads"))
@@ -198,5 +201,5 @@ def peak_flops_for_device(device: Any = None, dtype: str = "fp32"
         entry = hardware.lookup_peak(info["device_name"], dtype)
         if entry is None:
             return None, (f"unknown device {info['device_name']!r} for {dtype}; "
-                          "pass --peak-tflops to get MFU")
+                          "pass stepscope run --peak-tflops to get MFU")
     return float(entry.flops), str(entry.source)
