@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._alloc import tune_for_bulk
 from ._fastnp import is_ordered
 from ._steps_cache import load_cached_run, read_rank_file, uncached_bytes
 from ._steps_decode import Block, ReadStats, concat_blocks
@@ -162,7 +163,10 @@ def _read_all(files: Sequence[Path], cache_dir: Path | None, processes: int | No
         return [_read_one(f, cache_dir) for f in files]
     # fork: the workers need nothing but this module, already imported.
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    # The workers are this read's own processes: their allocator keeps its freed blocks
+    # (``_alloc``), the caller's process is left as it is.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                             initializer=tune_for_bulk) as pool:
         got = list(pool.map(_read_to_cache, files, [cache_dir] * len(files),
                             chunksize=max(1, len(files) // (4 * workers))))
     blocks = [b for b, _ in got]

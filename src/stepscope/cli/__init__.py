@@ -20,9 +20,10 @@ from collections.abc import Sequence
 import click
 
 from .. import __version__
+from .._alloc import tune_for_bulk
 from ..errors import StepscopeError
 
-__all__ = ["main", "cli", "COMMANDS"]
+__all__ = ["main", "cli", "COMMANDS", "BULK_COMMANDS"]
 
 # command -> (module under stepscope.cli that registers it, its line in `stepscope --help`).
 # The line is the first paragraph of the command's docstring; tests/core/test_public_surface.py
@@ -60,6 +61,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
                        "overlap, top ops."),
 }
 
+# One-shot commands that read whole runs into columns: their process's allocator keeps freed
+# blocks for reuse (stepscope._alloc). Not the long-running ones (serve, watch) and not
+# `run`, which hosts the training process.
+BULK_COMMANDS = frozenset({"report", "diagnose", "compare", "index", "scaling", "trace",
+                           "export"})
+
 
 class _LazyGroup(click.Group):
     """Commands known by name; each one's module is imported when it is first asked for."""
@@ -70,6 +77,8 @@ class _LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             importlib.import_module(f"{__name__}.{COMMANDS[cmd_name][0]}")
+        if cmd_name in BULK_COMMANDS:
+            tune_for_bulk()
         return super().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

@@ -1,0 +1,82 @@
+"""glibc's allocator set for bulk column work in processes that stepscope owns.
+
+A 10-million-row table's columns and the temporaries the analyses make of them are 1-80 MB
+each. glibc serves every allocation over its mmap threshold (128 KiB, rising only as far as
+the largest block freed so far) with a fresh ``mmap``, and hands it back with ``munmap``
+when freed. The next array of that size then faults in every one of its pages again. On
+the 2-core VM this was measured on, a cold read of 1,024 rank files spent 4.1-5.5 s of
+system CPU, most of it in those page faults.
+
+:func:`tune_for_bulk` lets blocks of up to 32 MiB come from the heap, where a freed block
+is reused without new faults. It keeps up to 256 MiB of freed memory at the top of the heap
+instead of trimming it on each free, and grows the heap 64 MiB at a time.
+
+Measured on three paired cold reads (1,024 ranks x 2,000 steps, 1.1 GB of JSONL): system
+CPU went from 4.1-5.5 s to 2.7-3.7 s, and wall time from 6.2-7.6 s to 5.4-6.0 s.
+
+It is called only where stepscope owns the whole process:
+
+* in the step reader's worker processes (:mod:`stepscope._steps_table`), which exit when
+  the read is done;
+* by the CLI, for its one-shot analysis commands (:data:`stepscope.cli.BULK_COMMANDS`).
+
+It is never called on ``import stepscope``. A training process that records its steps
+keeps its allocator exactly as it was. The dashboard server (``serve``) and ``watch`` also
+keep theirs: they run for days, and a heap that keeps its peak would stay at that peak for
+all that time.
+
+Each setting is best effort. On another C library (musl, macOS), or where ``mallopt``
+rejects a value, nothing changes and nothing fails.
+
+Example::
+
+    tune_for_bulk()   # True when glibc took every setting
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+__all__ = ["tune_for_bulk", "SETTINGS"]
+
+# mallopt parameters (glibc's malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
+# 32 MiB is the largest mmap threshold glibc accepts on 64-bit (HEAP_MAX_SIZE / 2):
+# a 4-million-row float64 column. Larger blocks stay mmap'd, as before.
+SETTINGS: dict[str, tuple[int, int]] = {
+    "mmap_threshold": (_M_MMAP_THRESHOLD, 32 << 20),
+    "trim_threshold": (_M_TRIM_THRESHOLD, 256 << 20),
+    "top_pad": (_M_TOP_PAD, 64 << 20),
+}
+_done: bool | None = None
+
+
+def _mallopt() -> Callable[[int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # here: the CLI imports this module on every start
+
+    try:
+        # The process's own symbols (dlopen(NULL)): libc is loaded already, and this does
+        # not run ldconfig as ctypes.util.find_library would.
+        fn = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    out: Callable[[int, int], int] = fn
+    return out
+
+
+def tune_for_bulk() -> bool:
+    """Apply :data:`SETTINGS` to this process's allocator, once; True when glibc took each
+    of them (see the module docstring for where this may be called)."""
+    global _done
+    if _done is None:
+        fn = _mallopt()
+        _done = fn is not None and all(fn(param, value) == 1
+                                       for param, value in SETTINGS.values())
+    return _done
