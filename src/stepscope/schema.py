@@ -242,7 +242,12 @@ class StepTable:
         """True when the column exists and holds at least one finite value."""
         if name not in self._cols:
             return False
-        arr = self._cols[name]
+        cols = self._cols
+        if isinstance(cols, _Selected) and name not in cols._taken:  # probe, no copy yet
+            base = cols.base[name]
+            if _is_never_recorded(base) or np.isfinite(base[cols.index[:4096]]).any():
+                return not _is_never_recorded(base)
+        arr = cols[name]
         if not arr.size or _is_never_recorded(arr):
             return False
         # A column with data almost always has it in its first rows: checked first, so

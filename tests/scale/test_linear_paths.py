@@ -384,6 +384,14 @@ def test_has_data_probes_the_first_rows_and_still_sees_a_value_anywhere(at: int 
     assert t.has_data("loss") is (at is not None)
     assert not t.has_data("mfu") and not t.has_data("no_such_column")
     assert t.has_data("loss") == bool(np.isfinite(t["loss"]).any())
+    # a selection is probed at its first rows before its column is taken, and still sees
+    # a value anywhere in it, or none outside it
+    for rows in (np.arange(n) % 2 == 0, np.arange(n) >= 5000, np.arange(n)[::-7]):
+        part = t.select(rows)
+        want = bool(np.isfinite(loss[rows]).any())
+        assert part.has_data("loss") is want
+        assert part.has_data("loss") is want  # again, with the column taken or not
+        assert not part.has_data("mfu")
 
 
 @pytest.mark.parametrize("seed", range(16))
