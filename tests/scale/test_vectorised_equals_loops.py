@@ -156,3 +156,112 @@ def test_rank_values_equals_the_mask_per_rank(seed: int) -> None:
     assert list(got) == t.ranks()
     for r in t.ranks():
         assert sorted(got[r].tolist()) == sorted(own[t["rank"] == r].tolist())
+
+
+def _stall_table(seed: int) -> StepTable:
+    """Random ranks with a gap planted on some: missing steps, no end time (wall time only),
+    infinite or missing step times, stepscope's own and evaluation time before a step."""
+    rng = np.random.default_rng(seed)
+    ranks, steps = int(rng.integers(1, 30)), int(rng.integers(1, 80))
+    rank = np.repeat(np.arange(ranks), steps)
+    step = np.tile(np.arange(steps), ranks)
+    st = rng.gamma(4, 0.05, rank.size)
+    end = np.zeros(rank.size)
+    for r in range(ranks):
+        own = rank == r
+        e = np.cumsum(st[own])
+        if rng.random() < 0.4:  # a gap of 0.5-3 s somewhere (the limit: 1 s or 10 steps)
+            e[int(rng.integers(0, steps)):] += rng.uniform(0.5, 3.0)
+        end[own] = e
+    cols: dict[str, object] = {"rank": rank, "step": step, "step_time_s": st, "end_s": end,
+                               "wall_time_s": 1e9 + end}
+    if seed % 2:
+        cols["tool_s"] = np.where(rng.random(rank.size) < 0.1, rng.uniform(0, 2, rank.size),
+                                  np.nan)
+        cols["eval_s"] = np.where(rng.random(rank.size) < 0.05, 2.5, np.nan)
+    if seed % 3 == 0:  # ranks that only have wall times
+        cols["end_s"] = np.where(rank % 4 == 1, np.nan, end)
+    if seed % 5 == 0:
+        st[rng.random(rank.size) < 0.05] = np.inf
+        st[rank == 0] = np.nan
+    keep = rng.random(rank.size) > (0.1 if seed % 4 == 0 else 0.0)  # lost records
+    perm = rng.permutation(int(keep.sum())) if seed % 2 else np.arange(int(keep.sum()))
+    return StepTable.from_columns({k: np.asarray(v)[keep][perm] for k, v in cols.items()})
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_stall_rule_screens_ranks_without_changing_what_it_finds(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vectorised screen judges only ranks the full check could flag: the rule over
+    every rank finds the same stall (same rank, steps, gap), and quiet ranks are skipped."""
+    from stepscope.analysis.health import ranks as rk
+    from stepscope.analysis.health.config import HealthConfig, HealthContext
+
+    t = _stall_table(seed)
+    ctx = HealthContext(table=t, meta=None, config=HealthConfig(),
+                        steady=np.ones(len(t), bool))
+    screened = rk._stall_suspects(t, ctx.config.stall_factor, ctx.config.stall_min_s)
+    got = [f.to_dict() for f in rk.rule_stall(ctx)]
+    monkeypatch.setattr(rk, "_stall_suspects", lambda t, *a: t.ranks())
+    want = [f.to_dict() for f in rk.rule_stall(ctx)]
+    assert got == want
+    assert set(screened) <= set(t.ranks())
+    if want:
+        assert screened  # the stall's rank was kept
+    if seed % 5 and len(t.ranks()) > 4 and not want:
+        assert len(screened) < len(t.ranks())  # quiet ranks are not judged one by one
+
+
+def _numerics_table(seed: int) -> StepTable:
+    """Random ranks, some with a NaN (flagged or dropped before logging), an Inf, or a
+    column that is mostly missing; fp16 overflow steps skipped; rows shuffled."""
+    rng = np.random.default_rng(seed)
+    ranks, steps = int(rng.integers(1, 25)), int(rng.integers(1, 60))
+    rank = np.repeat(np.arange(ranks), steps)
+    step = np.tile(np.arange(steps), ranks)
+    loss = rng.gamma(5, 0.5, rank.size)
+    gn = rng.gamma(3, 0.3, rank.size)
+    cols: dict[str, object] = {"rank": rank, "step": step,
+                               "step_time_s": rng.gamma(4, 0.05, rank.size)}
+    for r in range(ranks):
+        own = np.flatnonzero(rank == r)
+        kind = rng.integers(0, 8)
+        at = own[rng.integers(0, own.size):]
+        if kind == 0:
+            loss[at] = np.nan  # dropped before logging: a gap
+        elif kind == 1:
+            gn[at[:1]] = np.inf
+        elif kind == 2:
+            gn[own[rng.random(own.size) < 0.9]] = np.nan  # rarely logged
+        elif kind == 3:
+            loss[own[-1:]] = np.nan  # the last record lost at exit
+    cols["loss"], cols["grad_norm"] = loss, gn
+    if seed % 3 == 0:
+        cols["loss_nan"] = np.where(rng.random(rank.size) < 0.02, 1.0, np.nan)
+    if seed % 4 == 0:
+        cols["overflow"] = (rng.random(rank.size) < 0.1).astype(float)
+    if seed % 5 == 0:
+        del cols["grad_norm"]  # never recorded
+    keep = rng.random(rank.size) > (0.1 if seed % 2 else 0.0)
+    perm = rng.permutation(int(keep.sum())) if seed % 2 else np.arange(int(keep.sum()))
+    return StepTable.from_columns({k: np.asarray(v)[keep][perm] for k, v in cols.items()})
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_numerics_rule_screens_ranks_without_changing_what_it_finds(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.analysis.health import numerics
+    from stepscope.analysis.health.config import HealthConfig, HealthContext
+
+    t = _numerics_table(seed)
+    ctx = HealthContext(table=t, meta=None, config=HealthConfig(),
+                        steady=np.ones(len(t), bool))
+    screened = numerics._nonfinite_suspects(t)
+    got = [f.to_dict() for f in numerics.rule_numerics(ctx)]
+    monkeypatch.setattr(numerics, "_nonfinite_suspects", lambda t: t.ranks())
+    want = [f.to_dict() for f in numerics.rule_numerics(ctx)]
+    assert got == want
+    if want:
+        assert want[0]["rank"] in screened
+    if len(t.ranks()) > 8 and seed % 3:
+        assert len(screened) < len(t.ranks())  # clean ranks are not judged one by one

@@ -20,6 +20,7 @@ from ...schema import AnyArray, StepTable
 from ..findings import Finding
 from .config import HealthContext
 from .stats import (
+    by_rank,
     first_rank_with,
     quarter_medians,
     rank_series,
@@ -54,6 +55,28 @@ def nonfinite_index(values: AnyArray, steps: AnyArray,
     return np.flatnonzero(gap | explicit)
 
 
+def _nonfinite_suspects(t: StepTable) -> list[int]:
+    """The ranks in which :func:`nonfinite_index` can find anything in ``loss`` or
+    ``grad_norm``, all ranks at once: an Inf or a NaN flag (explicit), or a missing value
+    where at least 3 are finite (a gap it may infer). The others give it no index at all
+    (all finite; or fewer than 3 finite and nothing explicit), so :func:`rule_numerics`
+    judges only these and finds what it would over every rank."""
+    flags = [f"{c}_nan" for c in ("loss", "grad_norm") if f"{c}_nan" in t]
+    ranks, bounds, (loss, gn, *flagged) = by_rank(t, "loss", "grad_norm", *flags)
+    if not ranks.size:
+        return []
+    starts = bounds[:-1]
+    could = np.zeros(ranks.size, dtype=bool)
+    for v in (loss, gn):
+        finite = np.isfinite(v)
+        could |= np.logical_or.reduceat(np.isinf(v), starts)
+        n_finite = np.add.reduceat(finite.astype(np.int64), starts)
+        could |= (n_finite >= 3) & (n_finite < np.diff(bounds))
+    for f in flagged:
+        could |= np.logical_or.reduceat(np.nan_to_num(f, nan=0.0) >= 1, starts)
+    return [int(r) for r in ranks[could]]
+
+
 def _flags(table: StepTable, rank: int, col: str) -> AnyArray | None:
     name = f"{col}_nan"
     return rank_series(table, rank, name)[1] if name in table else None
@@ -74,7 +97,7 @@ def rule_numerics(ctx: HealthContext) -> list[Finding]:
     """NaN/Inf loss or gradient norm (not counting fp16 overflow steps that were skipped)."""
     t = ctx.table
     hits: list[tuple[int, AnyArray, list[str], float]] = []
-    for r in t.ranks():
+    for r in _nonfinite_suspects(t):
         steps, loss = rank_series(t, r, "loss")
         _, gn = rank_series(t, r, "grad_norm")
         _, ovf = rank_series(t, r, "overflow")

@@ -21,7 +21,7 @@ from ...schema import AnyArray, StepTable
 __all__ = [
     "MAD_TO_SIGMA", "robust_sigma", "trailing_median", "trailing_robust_z", "runs_of",
     "spearman", "average_ranks", "theil_sen_slope", "best_split", "rank_series",
-    "first_rank_with", "quarter_medians", "rank_values", "split_medians_bound",
+    "first_rank_with", "quarter_medians", "rank_values", "split_medians_bound", "by_rank",
 ]
 
 # For normally distributed data, sigma = 1.4826 x MAD (1 / Phi^-1(3/4)).
@@ -238,6 +238,14 @@ def rank_series(table: StepTable, rank: int, col: str) -> tuple[AnyArray, AnyArr
             return _view(table["step"], a, b), _view(table[col], a, b)
         idx = order[a:b]
     return table["step"][idx], table[col][idx]
+
+
+def by_rank(table: StepTable, *cols: str) -> tuple[AnyArray, AnyArray, list[AnyArray]]:
+    """(ranks, bounds, columns): ``cols`` with their rows in (rank, step) order, rank
+    ``ranks[i]`` at ``bounds[i]:bounds[i + 1]`` (the table's own columns when it is in that
+    order already). The rows :func:`rank_series` gives, for all ranks at once."""
+    ranks, order, bounds, ordered = _rank_order(table)
+    return ranks, bounds, [table[c] if ordered else table[c][order] for c in cols]
 
 
 def _view(col: AnyArray, a: int, b: int) -> AnyArray:
