@@ -265,3 +265,44 @@ def test_numerics_rule_screens_ranks_without_changing_what_it_finds(
         assert want[0]["rank"] in screened
     if len(t.ranks()) > 8 and seed % 3:
         assert len(screened) < len(t.ranks())  # clean ranks are not judged one by one
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_straggler_medians_and_consistency_equal_the_per_rank_loop(seed: int) -> None:
+    """The rank medians (one pass over the rank groups) and the share of slow steps (np.median
+    where every other rank has the step, else nanmedian) are the loop's numbers exactly."""
+    import warnings
+
+    from stepscope.analysis.health import ranks as rk
+    from stepscope.analysis.health.config import HealthConfig, HealthContext
+
+    rng = np.random.default_rng(seed)
+    ranks, steps = int(rng.integers(2, 20)), int(rng.integers(5, 300))
+    rank = np.repeat(np.arange(ranks), steps)
+    step = np.tile(np.arange(steps), ranks)
+    st = rng.gamma(50, 0.002, rank.size) + 0.2
+    comm = st * 0.3
+    slow = int(rng.integers(0, ranks))
+    comm[rank != slow] += 0.08  # the others wait for it
+    if seed % 3 == 0:
+        comm[rng.random(rank.size) < 0.05] = np.nan  # no comm time: own time = step time
+    keep = rng.random(rank.size) > (0.1 if seed % 2 else 0.0)
+    perm = rng.permutation(int(keep.sum()))
+    cols = {"rank": rank, "step": step, "step_time_s": st, "comm_s": comm}
+    t = StepTable.from_columns({k: v[keep][perm] for k, v in cols.items()})
+    ctx = HealthContext(table=t, meta=None, config=HealthConfig(),
+                        steady=np.ones(len(t), bool))
+    (f,) = rk.rule_straggler(ctx)
+    own = t["step_time_s"] - np.nan_to_num(t["comm_s"])
+    want = {}
+    for r in t.ranks():
+        v = own[t["rank"] == r]
+        want[str(r)] = float(np.median(v[np.isfinite(v)]))
+    assert f.rank == slow and f.evidence["per_rank_median_s"] == want
+    grid = np.full((steps, ranks), np.nan)
+    grid[t["step"], t["rank"]] = own
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = np.nanmedian(np.delete(grid, slow, axis=1), axis=1)
+    ok = np.isfinite(grid[:, slow]) & np.isfinite(ref)
+    assert f.evidence["slow_on_step_frac"] == float(np.mean(grid[ok, slow] > ref[ok]))

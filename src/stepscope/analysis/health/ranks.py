@@ -20,7 +20,7 @@ from .._groups import Groups
 from ..findings import Finding
 from ..regimes import host_took_cpu
 from .config import HealthContext, straggler_scores
-from .stats import by_rank, rank_series, rank_values
+from .stats import by_rank, rank_series
 from .system import PHASE_WORDS, span_of
 
 __all__ = ["rule_straggler", "rule_stall", "own_time"]
@@ -58,7 +58,8 @@ def rule_straggler(ctx: HealthContext) -> list[Finding]:
     if len(ranks) < 2:
         return []
     own, how = own_time(t)
-    med = {r: _median(v) for r, v in rank_values(t, own).items()}
+    g = Groups.of(t["rank"], within=t["step"])  # each rank's finite median, one pass
+    med = dict(zip(g.ranks.tolist(), g.medians(own).tolist(), strict=True))
     if not all(np.isfinite(v) and v > 0 for v in med.values()):
         return []
     scores = straggler_scores(med)
@@ -98,9 +99,12 @@ def _slow_share(t: StepTable, own: AnyArray, rank: int) -> float:
     grid[si, ri] = own  # steps x ranks
     j = int(np.flatnonzero(ranks_u == rank)[0])
     others = np.delete(grid, j, axis=1)
-    with warnings.catch_warnings():  # steps no other rank recorded: all-NaN rows
-        warnings.simplefilter("ignore", RuntimeWarning)
-        ref = np.nanmedian(others, axis=1)
+    if bool(np.isfinite(others).all()):  # the same medians; nanmedian loops per row
+        ref = np.median(others, axis=1)
+    else:
+        with warnings.catch_warnings():  # steps no other rank recorded: all-NaN rows
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ref = np.nanmedian(others, axis=1)
     ok = np.isfinite(grid[:, j]) & np.isfinite(ref)
     return float(np.mean(grid[ok, j] > ref[ok])) if ok.any() else 0.0
 
