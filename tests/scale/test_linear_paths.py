@@ -12,6 +12,7 @@ import pytest
 
 from stepscope._fastnp import LastResult, is_ordered, unique_ints
 from stepscope.analysis import regimes, summary
+from stepscope.analysis._groups import median_by
 from stepscope.analysis.compare import speed
 from stepscope.analysis.compare.sample import CHUNK_FLOATS, METRICS, shared_products, step_sample
 from stepscope.analysis.health import stats
@@ -124,10 +125,10 @@ def test_per_step_medians_on_the_grid_equal_the_lexsort(seed: int) -> None:
     uniq, inv = unique_ints(step, return_inverse=True)
     slot = unique_ints(rank, return_inverse=True)[1]
     want = _median_by_lexsort(v, inv, uniq.size)
-    assert np.array_equal(regimes._median_by(v, inv, uniq.size, slot), want, equal_nan=True)
-    assert np.array_equal(regimes._median_by(v, inv, uniq.size), want, equal_nan=True)
+    assert np.array_equal(median_by(v, inv, uniq.size, slot), want, equal_nan=True)
+    assert np.array_equal(median_by(v, inv, uniq.size), want, equal_nan=True)
     dup = np.r_[slot[:-1], slot[0]] if slot.size > 1 else slot  # a repeated cell: the sort
-    assert np.array_equal(regimes._median_by(v, inv, uniq.size, dup), want, equal_nan=True)
+    assert np.array_equal(median_by(v, inv, uniq.size, dup), want, equal_nan=True)
 
 
 @pytest.mark.parametrize("seed", range(12))

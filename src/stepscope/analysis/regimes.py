@@ -49,6 +49,7 @@ import numpy as np
 
 from .._fastnp import is_ordered, unique_ints
 from ..schema import AnyArray, StepTable
+from ._groups import median_by
 from .segment import MAX_REGIMES, MIN_REGIME_STEPS, MIN_SHIFT, segment
 from .step_grid import step_grid
 
@@ -131,11 +132,6 @@ class Regimes:
 
 
 # -- per-step series and regime statistics ------------------------------------------------
-# _median_by's (steps x ranks) grid is used while it holds at most this many cells per row
-# (plus a constant): ranks that recorded different steps leave holes in it.
-_GRID_PER_ROW = 4
-_GRID_SLACK = 1 << 16
-
 
 def usage_wall(table: StepTable) -> AnyArray:
     """The wall seconds each row's ``cpu_s`` and ``preempt`` cover: they advance between
@@ -192,50 +188,7 @@ def _per_step(table: StepTable) -> dict[str, AnyArray]:
                 usage = usage_wall(table)
             v = table[col] / usage
             med = grid.median_over_ranks(v) if grid is not None and grid.shape[1] == n else None
-            out[key] = _median_by(v, inv, n, slots) if med is None else med
-    return out
-
-
-def _median_by(v: AnyArray, inv: AnyArray, n: int, slot: AnyArray | None = None
-               ) -> AnyArray:
-    """Median of the finite ``v`` of each group ``inv`` (0..n-1), NaN for empty groups;
-    no loop over groups (a run may have 1000 ranks x 100k steps).
-
-    ``slot`` (e.g. each row's rank index): when every (group, slot) pair occurs at most
-    once and the (groups x slots) grid is not much larger than the rows, the values are
-    placed in that grid and each row of it sorted (small sorts); otherwise one sort of
-    all rows by (group, value). Both take the same middle values."""
-    out = np.full(n, np.nan)
-    ok = np.isfinite(v)
-    if not ok.any():
-        return out
-    g, x = inv[ok], v[ok]
-    width = int(slot.max()) + 1 if slot is not None and slot.size else 0
-    if slot is not None and n * width <= _GRID_PER_ROW * v.size + _GRID_SLACK:
-        cells = g * width + slot[ok]
-        if int(np.bincount(cells, minlength=n * width).max()) <= 1:
-            grid = np.full(n * width, np.nan)
-            grid[cells] = x
-            del cells, x  # 10 M rows: each of these is 77 MB
-            grid = grid.reshape(n, width)
-            counts = np.bincount(g, minlength=n)
-            if bool((counts == width).all()):  # every cell finite: the two middles only
-                mid = np.partition(grid, ((width - 1) // 2, width // 2), axis=1)
-                out[:] = (mid[:, (width - 1) // 2] + mid[:, width // 2]) / 2.0
-                return out
-            grid.sort(axis=1)  # in place; NaN sorts last
-            rows = np.flatnonzero(counts)
-            c = counts[rows]
-            out[rows] = (grid[rows, (c - 1) // 2] + grid[rows, c // 2]) / 2.0
-            return out
-    order = np.lexsort((x, g))
-    g, x = g[order], x[order]
-    counts = np.bincount(g, minlength=n)
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    has = counts > 0
-    lo = starts[has] + (counts[has] - 1) // 2
-    hi = starts[has] + counts[has] // 2
-    out[has] = (x[lo] + x[hi]) / 2.0
+            out[key] = median_by(v, inv, n, slots) if med is None else med
     return out
 
 
