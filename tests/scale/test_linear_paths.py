@@ -416,3 +416,34 @@ def test_rank_medians_of_equal_groups_equal_one_median_per_slice(seed: int) -> N
             part = part[np.isfinite(part)]
             want.append(np.median(part) if part.size else np.nan)
         assert np.array_equal(g.medians(x, skip_first=skip), np.array(want), equal_nan=True)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_per_step_series_on_the_grid_equal_the_scatter(seed: int) -> None:
+    """The slowest rank's step time, summed tokens and latest wall time per step, as grid
+    reductions (full grids and grids with missing rows), equal the scatter over an inverse
+    of every row, bit for bit; shuffled rows (no grid) take the scatter itself."""
+    rng = np.random.default_rng(seed)
+    ranks, steps = int(rng.integers(1, 30)), int(rng.integers(1, 200))
+    rank = np.repeat(np.arange(ranks), steps)
+    step = np.tile(np.arange(steps), ranks)
+    st = rng.gamma(4, 0.05, rank.size)
+    st[rng.random(rank.size) < 0.05] = [np.nan, np.inf][seed % 2]
+    tokens = rng.gamma(2, 700.3, rank.size)  # not integers: the order of the sum shows
+    tokens[rng.random(rank.size) < 0.05] = np.nan
+    cols = {"rank": rank, "step": step, "step_time_s": st, "tokens": tokens,
+            "wall_time_s": 1.7e9 + rng.random(rank.size) * 100,
+            "cpu_s": st * 0.8, "end_s": np.cumsum(np.nan_to_num(st, posinf=1.0))}
+    if seed % 4 == 1:
+        del cols["tokens"]
+    keep = rng.random(rank.size) > [0.0, 0.2, 0.4][seed % 3]
+    table = StepTable.from_columns({k: v[keep] for k, v in cols.items()})
+    if seed % 5 == 4:  # shuffled rows: no grid, the scatter
+        table = StepTable.from_columns({k: v[keep][rng.permutation(int(keep.sum()))]
+                                        for k, v in cols.items()})
+    fast = regimes._per_step(table)
+    with general_path():
+        slow = regimes._per_step(table)
+    assert fast.keys() == slow.keys()
+    for k in fast:
+        assert np.array_equal(fast[k], slow[k], equal_nan=True), k

@@ -51,7 +51,7 @@ from .._fastnp import is_ordered, unique_ints
 from ..schema import AnyArray, StepTable
 from ._groups import median_by
 from .segment import MAX_REGIMES, MIN_REGIME_STEPS, MIN_SHIFT, segment
-from .step_grid import step_grid
+from .step_grid import StepGrid, step_grid
 
 __all__ = ["Regime", "Regimes", "find_regimes", "segment", "ENVIRONMENT_CAUSES",
            "condition_columns", "window_values", "host_took_cpu", "environment_cause",
@@ -164,31 +164,54 @@ def usage_wall(table: StepTable) -> AnyArray:
 
 def _per_step(table: StepTable) -> dict[str, AnyArray]:
     """Per-step series over ranks: the slowest rank's step time, summed tokens, the median
-    rank's CPU share and preemption rate, and the latest wall time."""
-    steps, inv = unique_ints(table["step"], return_inverse=True)
-    n = steps.size
+    rank's CPU share and preemption rate, and the latest wall time. On a rank x step grid
+    (:func:`step_grid`) the maxima and sums are reductions along its rank axis, in rank
+    order as the scatter takes the rows: the same numbers without an inverse of every row."""
+    grid = step_grid(table)
     st = table["step_time_s"]
+    st = np.where(np.isfinite(st), st, -np.inf)
+    tokens = np.nan_to_num(table["tokens"]) if table.has_data("tokens") else None
+    wall = np.nan_to_num(table["wall_time_s"], nan=-np.inf)
+    inv: AnyArray | None = None
+    if grid is not None:
+        steps = grid.steps
+        out: dict[str, AnyArray] = {"step": steps, "step_time_s": _grid_max(grid, st),
+                                    "wall_time_s": _grid_max(grid, wall)}
+        out["tokens"] = (np.zeros(steps.size) if tokens is None else
+                         np.nan_to_num(grid.frame(tokens), nan=0.0).sum(axis=0) + 0.0)
+    else:
+        steps, inv = unique_ints(table["step"], return_inverse=True)
+        out = {"step": steps, "step_time_s": np.full(steps.size, -np.inf),
+               "tokens": np.zeros(steps.size), "wall_time_s": np.full(steps.size, -np.inf)}
+        np.maximum.at(out["step_time_s"], inv, st)
+        if tokens is not None:
+            np.add.at(out["tokens"], inv, tokens)
+        np.maximum.at(out["wall_time_s"], inv, wall)
+    n = steps.size
     usage = None
-    out: dict[str, AnyArray] = {"step": steps, "step_time_s": np.full(n, -np.inf)}
-    np.maximum.at(out["step_time_s"], inv, np.where(np.isfinite(st), st, -np.inf))
-    out["tokens"] = np.zeros(n)
-    if table.has_data("tokens"):
-        np.add.at(out["tokens"], inv, np.nan_to_num(table["tokens"]))
-    out["wall_time_s"] = np.full(n, -np.inf)
-    np.maximum.at(out["wall_time_s"], inv, np.nan_to_num(table["wall_time_s"], nan=-np.inf))
-    slots: AnyArray | None = None
-    grid = step_grid(table)  # a full rank x step grid: the medians without the scatter
     with np.errstate(divide="ignore", invalid="ignore"):
         for col, key in (("cpu_s", "cpu_per_wall"), ("preempt", "preempt_per_s")):
             if not table.has_data(col):
                 out[key] = np.full(n, np.nan)
                 continue
-            if slots is None or usage is None:
-                slots = unique_ints(table["rank"], return_inverse=True)[1]
+            if usage is None:
                 usage = usage_wall(table)
             v = table[col] / usage
-            med = grid.median_over_ranks(v) if grid is not None and grid.shape[1] == n else None
-            out[key] = median_by(v, inv, n, slots) if med is None else med
+            med = grid.median_over_ranks(v) if grid is not None else None
+            if med is None:
+                if inv is None:
+                    inv = unique_ints(table["step"], return_inverse=True)[1]
+                med = median_by(v, inv, n, unique_ints(table["rank"], return_inverse=True)[1])
+            out[key] = med
+    return out
+
+
+def _grid_max(grid: StepGrid, v: AnyArray) -> AnyArray:
+    """Each step's maximum over ranks of ``v`` (no NaN in it); -inf where no rank has it."""
+    f = grid.frame(v)
+    if grid.pos is not None:  # the cells no row fills are NaN
+        f = np.where(np.isnan(f), -np.inf, f)
+    out: AnyArray = f.max(axis=0)
     return out
 
 
