@@ -61,6 +61,25 @@ def test_demo_writes_a_full_run(demo_run: tuple[Path, dict]) -> None:
 
 
 @pytest.mark.xdist_group("demo")
+def test_demo_takes_a_given_peak_on_any_cpu(tmp_path: Path) -> None:
+    """`--peak-tflops`: the demo's MFU over that peak, with its source, whatever this CPU
+    is (stepscope's table knows some AMD EPYC microarchitectures only)."""
+    out = tmp_path / "run"
+    proc = stepscope("demo", "--steps", "5", "--out", str(out), "--json",
+                     "--peak-tflops", "0.25")
+    assert proc.returncode == 0, proc.stderr
+    sheet = json.loads(proc.stdout)
+    env = json.loads((out / "run.json").read_text())["environment"]
+    assert env["peak_flops_per_device"] == 0.25e12
+    assert env["peak_flops_source"].startswith("given: --peak-tflops 0.25")
+    assert sheet["mfu"] == pytest.approx(sheet["tokens_per_s"] * env["flops_per_token"]
+                                         / 0.25e12)
+    bad = stepscope("demo", "--out", str(tmp_path / "bad"), "--peak-tflops", "-1")
+    assert bad.returncode == 2 and "--peak-tflops" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.xdist_group("demo")
 def test_report_json_and_terminal(demo_run: tuple[Path, dict]) -> None:
     out, demo_sheet = demo_run
     proc = stepscope("report", str(out), "--json", "--no-html")

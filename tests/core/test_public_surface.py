@@ -28,7 +28,7 @@ CLI = {
     'alerts flush': ('--alerts', '--json'),
     'alerts test': ('--json',),
     'compare': ('--allow-multi', '--json', '--markdown', '--repeat', '--seed'),
-    'demo': ('--framework', '--json', '--out', '--seed', '--slow-data', '--steps'),
+    'demo': ('--framework', '--json', '--out', '--peak-tflops', '--seed', '--slow-data', '--steps'),
     'diagnose': ('--json', '--trace'),
     'eval-log': ('--json', '--metric', '--step', '--tokens'),
     'index': ('--best', '--db', '--engine', '--json', '--markdown', '--scheduler', '--sort',

@@ -7,6 +7,7 @@ identical shape) -> verdict -> advice.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -35,10 +36,17 @@ DEFAULT_STEPS = 150
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--slow-data", is_flag=True,
               help="Serial in-process tokenization, then the isolation experiment.")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="P", help="This CPU's dense fp32 peak in TFLOP/s, for the MFU where "
+                                "stepscope's CPU table has no figure for it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the sheet as JSON at the end.")
 def demo_cmd(framework: str, steps: int, out: Path | None, seed: int, slow_data: bool,
-             as_json: bool) -> None:
+             peak_tflops: float | None, as_json: bool) -> None:
     """Train a tiny GPT on the CPU, measure everything, print the health-check sheet."""
+    if peak_tflops is not None:  # this process is the demo's own: the trainer reads it
+        from ..calc.hardware import PEAK_ENV
+
+        os.environ[PEAK_ENV] = repr(peak_tflops)
     run_dir = out or Path("stepscope-runs") / f"demo-{utc_stamp()}"
     if RunDir(run_dir).steps_path(0).exists():
         raise ConfigError(f"{run_dir} already holds a run; pass another --out")
