@@ -21,6 +21,7 @@ from ...schema import AnyArray, StepTable
 from .._groups import Groups
 from ..findings import Finding
 from .config import HealthConfig, HealthContext
+from .screens import creep_suspects, throughput_suspects
 from .stats import (
     best_split,
     quarter_medians,
@@ -171,7 +172,7 @@ def rule_memory(ctx: HealthContext) -> list[Finding]:
     if not t.has_data("mem_peak_bytes"):
         return []
     out: list[Finding] = []
-    for r in t.ranks():
+    for r in creep_suspects(t, cfg):  # the ranks whose quarter medians could show creep
         steps, peak = rank_series(t, r, "mem_peak_bytes")
         c = memory_creep(steps, peak, cfg)
         if c is not None:
@@ -234,13 +235,12 @@ def rule_throughput(ctx: HealthContext) -> list[Finding]:
     cfg = ctx.config
     t = ctx.table.select(ctx.steady)
     best: Finding | None = None
-    for r in t.ranks():
+    for r in throughput_suspects(t, cfg):  # the ranks whose quarters or bounds could drop
         f = _rank_throughput(t, r, ctx)
         if f is not None and (best is None or f.evidence["drop_frac"] > best.evidence["drop_frac"]):
             best = f
     if best is not None and len(t.ranks()) > 1:
         best.rank = None if _all_ranks_slow(t, ctx) else best.rank
-    del cfg
     return [best] if best is not None else []
 
 
