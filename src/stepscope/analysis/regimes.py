@@ -170,16 +170,17 @@ def _per_step(table: StepTable) -> dict[str, AnyArray]:
     grid = step_grid(table)
     st = table["step_time_s"]
     st = np.where(np.isfinite(st), st, -np.inf)
-    tokens = np.nan_to_num(table["tokens"]) if table.has_data("tokens") else None
-    wall = np.nan_to_num(table["wall_time_s"], nan=-np.inf)
+    has_tokens = table.has_data("tokens")
     inv: AnyArray | None = None
-    if grid is not None:
+    if grid is not None:  # no row-sized nan_to_num copies (see _grid_wall)
         steps = grid.steps
         out: dict[str, AnyArray] = {"step": steps, "step_time_s": _grid_max(grid, st),
-                                    "wall_time_s": _grid_max(grid, wall)}
-        out["tokens"] = (np.zeros(steps.size) if tokens is None else
-                         np.nan_to_num(grid.frame(tokens), nan=0.0).sum(axis=0) + 0.0)
+                                    "wall_time_s": _grid_wall(grid, table["wall_time_s"])}
+        out["tokens"] = (np.nan_to_num(grid.frame(table["tokens"]), nan=0.0).sum(axis=0)
+                         + 0.0 if has_tokens else np.zeros(steps.size))
     else:
+        tokens = np.nan_to_num(table["tokens"]) if has_tokens else None
+        wall = np.nan_to_num(table["wall_time_s"], nan=-np.inf)
         steps, inv = unique_ints(table["step"], return_inverse=True)
         out = {"step": steps, "step_time_s": np.full(steps.size, -np.inf),
                "tokens": np.zeros(steps.size), "wall_time_s": np.full(steps.size, -np.inf)}
@@ -212,6 +213,15 @@ def _grid_max(grid: StepGrid, v: AnyArray) -> AnyArray:
     if grid.pos is not None:  # the cells no row fills are NaN
         f = np.where(np.isnan(f), -np.inf, f)
     out: AnyArray = f.max(axis=0)
+    return out
+
+
+def _grid_wall(grid: StepGrid, wall: AnyArray) -> AnyArray:
+    """``_grid_max(grid, np.nan_to_num(wall, nan=-np.inf))`` without the copy: the maximum
+    ignoring NaN, then nan_to_num's map of the result (NaN: no value, -inf; +-inf: the
+    largest finite floats). The map keeps order, so the maximum picks the same value."""
+    top = np.fmax.reduce(grid.frame(wall), axis=0)
+    out: AnyArray = np.nan_to_num(top, nan=-np.inf)
     return out
 
 
