@@ -72,6 +72,40 @@ def test_a_segment_that_does_not_match_its_manifest_is_not_used(tmp_path: Path) 
     assert isinstance(run.read_steps()[0]._cols, _Deferred)  # rebuilt, deferred again
 
 
+def test_a_segment_np_save_wrote_is_opened_without_parsing_its_header(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header is compared with the bytes np.save writes for the manifest's shape; no
+    literal_eval of 1,024 headers a run (parsing is for headers written otherwise)."""
+    from stepscope import _steps_lazy
+
+    run = _run(tmp_path)
+    cold, _ = run.read_steps(cache=False)
+    run.read_steps()
+
+    def no_parse(fd: int, shape: tuple[int, int]) -> int:
+        raise AssertionError(f"parsed the header of a {shape} segment")
+
+    monkeypatch.setattr(_steps_lazy, "_parsed_offset", no_parse)
+    warm, _ = run.read_steps()
+    assert isinstance(warm._cols, _Deferred)
+    assert_tables_equal(warm, cold)
+
+
+def test_a_segment_with_another_header_layout_is_parsed_and_read(tmp_path: Path) -> None:
+    """A version 2.0 header (another numpy's np.save may write one) is not the bytes
+    expected: it is parsed, and the segment read from where its data starts."""
+    run = _run(tmp_path)
+    cold, _ = run.read_steps(cache=False)
+    run.read_steps()
+    seg = next((run.cache_dir / "steps" / "rank-00001.jsonl.d").glob("*.npy"))
+    mat = np.load(seg)
+    with open(seg, "wb") as f:
+        np.lib.format.write_array(f, mat, version=(2, 0))
+    warm, _ = run.read_steps()
+    assert isinstance(warm._cols, _Deferred)  # still the cache's
+    assert_tables_equal(warm, cold)
+
+
 def test_columns_dropped_over_the_budget_are_read_again_equal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With room for one column at a time every access reads again: the table and the
