@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["unique_ints", "is_ordered", "LastResult"]
+__all__ = ["unique_ints", "is_ordered", "nansum", "LastResult"]
 
 # A presence table is used when the values span at most this many slots per value (plus a
 # constant): beyond it (sparse step numbers) ``np.unique``'s sort is the cheaper one.
@@ -101,6 +101,17 @@ def is_ordered(rank: AnyArray, step: AnyArray | None = None, strict: bool = Fals
         if not ok.all():
             return False
     return True
+
+
+def nansum(x: AnyArray) -> float:
+    """``float(np.nansum(x))`` of a 1-D float column. With no NaN in it, ``np.sum`` of the
+    column itself: nansum sums a copy with NaN set to 0 (8 bytes a row, a fresh 16 MB
+    array for a 2-million-row column), and the same values in the same layout sum to the
+    same float."""
+    if x.ndim == 1 and x.dtype == np.float64 and x.flags.c_contiguous \
+            and not np.isnan(x).any():
+        return float(np.sum(x))
+    return float(np.nansum(x))
 
 
 def _np_unique(x: AnyArray, index: bool, inverse: bool) -> Any:

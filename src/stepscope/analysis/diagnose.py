@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fastnp import nansum
 from ..schema import RunMeta, StepTable
 from .advice import Advice, advise
 from .environment import environment_findings, profiler_steps
@@ -342,12 +343,12 @@ def _compute_info(table: StepTable, findings: list[Finding],
         r = regimes.steady_regime
         mask = mask & (table["step"] >= r.first_step) & (table["step"] <= r.last_step)
     t = table.select(mask) if mask.any() else table
-    total = float(np.nansum(t["step_time_s"]))
+    total = nansum(t["step_time_s"])
     cols = [c for c in ("forward_s", "backward_s", "forward_backward_s", "optimizer_s")
             if t.has_data(c)]
     if total <= 0 or not cols:
         return None
-    frac = sum(float(np.nansum(t[c])) for c in cols) / total
+    frac = sum(nansum(t[c]) for c in cols) / total
     return Finding(
         category="compute", severity="info",
         message=f"compute-bound: {' + '.join(c[:-2] for c in cols)} take {frac:.0%} of the "

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .._fastnp import LastResult, unique_ints
+from .._fastnp import LastResult, nansum, unique_ints
 from ..schema import BETWEEN_STEP_COLUMNS, AnyArray, RunMeta, StepTable
 from ._groups import Groups as _Groups
 from .mfu import run_mfu
@@ -216,21 +216,21 @@ class Sheet:
 def _share(table: StepTable, col: str, denom: float) -> float | None:
     if not table.has_data(col) or denom <= 0:
         return None
-    return float(np.nansum(table[col]) / denom)
+    return nansum(table[col]) / denom
 
 
 def _phase_split(steady: StepTable) -> tuple[dict[str, float], str]:
     rows = steady
     # never "exact": MindSpore is asynchronous even on CPU (issue 17)
     source = "host times, no step device-synced (a phase may hold earlier queued work)"
-    if steady.has_data("synced") and np.nansum(steady["synced"]) > 0:
+    if steady.has_data("synced") and nansum(steady["synced"]) > 0:
         synced = steady.select(steady["synced"] == 1)
         if not np.all(steady["synced"] == 1):
             rows = synced
             source = f"device-synced steps ({len(synced)} of {len(steady)})"
         else:
             source = "device-synced every step"
-    total = float(np.nansum(rows["step_time_s"]))
+    total = nansum(rows["step_time_s"])
     split: dict[str, float] = {}
     for phase, col in _PHASE_COLUMNS.items():
         share = _share(rows, col, total)
@@ -300,7 +300,8 @@ def _loss_stats(table: StepTable) -> tuple[float | None, float | None, float | N
     ok = np.flatnonzero(np.isfinite(loss))  # first/last in (step, rank) order, no sort;
     if not ok.size:  # ties keep table order, as a stable sort would
         return None, None, None
-    lo, hi = ok[step[ok] == step[ok].min()], ok[step[ok] == step[ok].max()]
+    s = step if ok.size == step.size else step[ok]  # every loss finite: no copy of step
+    lo, hi = ok[s == s.min()], ok[s == s.max()]
     first, last = lo[np.argmin(rank[lo])], hi[hi.size - 1 - np.argmax(rank[hi][::-1])]
     return float(loss[first]), float(loss[last]), float(loss[ok].min())
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..._fastnp import nansum
 from ...schema import AnyArray, StepTable
 from .._groups import Groups
 from ..findings import Finding
@@ -49,8 +50,8 @@ def span_of(t: StepTable) -> tuple[int, int]:
 
 
 def _share(t: StepTable, col: str) -> float:
-    total = float(np.nansum(t["step_time_s"]))
-    return float(np.nansum(t[col])) / total if total > 0 else 0.0
+    total = nansum(t["step_time_s"])
+    return nansum(t[col]) / total if total > 0 else 0.0
 
 
 def _worst_rank(t: StepTable, col: str) -> tuple[int | None, dict[str, float]]:
