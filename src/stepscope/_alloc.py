@@ -17,8 +17,8 @@ Measured on three paired cold reads (1,024 ranks x 2,000 steps, 1.1 GB of JSONL)
 CPU went from 4.1-5.5 s to 2.7-3.7 s, and wall time from 6.2-7.6 s to 5.4-6.0 s. With no
 block mapped on its own, the analysis of a 9.6-million-row run (64 ranks x 150,000 steps,
 summarize and diagnose, read from its cache) went from 14.1-19.4 s with 6.4-11.3 s of
-system time and 3.3 million page faults to 9.4-11.0 s, 1.6-2.7 s and 417,000; its peak
-1,480 -> 1,507 MB.
+system time and 3.3 million page faults to 9.4-11.8 s, 1.6-3.9 s and 417,000 (four
+runs); its peak 1,480 -> 1,507 MB.
 
 It is called only where stepscope owns the whole process:
 
