@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from ._steps_decode import Block, ReadStats, concat_blocks
 from ._steps_lazy import deferred_table
 from .schema import AnyArray, StepTable
 
-__all__ = ["read_step_files", "merge_duplicates", "block_to_table"]
+__all__ = ["read_step_files", "StepRead", "merge_duplicates", "block_to_table"]
 
 DUPLICATE = "duplicate (rank, step)"
 DUPLICATE_ACROSS = "duplicate (rank, step) in another rank file"
@@ -152,32 +152,97 @@ def _from_cache(files: Sequence[Path], cache_dir: Path | None
     return deferred_table(src, {"rank": rank, "step": step}), stats
 
 
-def _read_all(files: Sequence[Path], cache_dir: Path | None, processes: int | None
-              ) -> list[tuple[Block, ReadStats]] | tuple[StepTable, list[ReadStats]]:
+def _workers(files: Sequence[Path], cache_dir: Path | None, processes: int | None) -> int:
+    """Worker processes for this read (1: read here)."""
     workers = min(len(files), processes or os.cpu_count() or 1)
+    if workers <= 1 or processes is not None:
+        return workers
     # Only bytes to decode pay for processes: cached columns load faster here than they
     # could be pickled back from a worker.
-    big = workers > 1 and sum(uncached_bytes(f, cache_dir) for f in files) \
-        >= _PARALLEL_MIN_BYTES * max(2, workers)
-    if workers <= 1 or (processes is None and not big):
-        return [_read_one(f, cache_dir) for f in files]
-    # fork: the workers need nothing but this module, already imported.
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
-    # The workers are this read's own processes: their allocator keeps its freed blocks
-    # (``_alloc``), the caller's process is left as it is.
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                             initializer=tune_for_bulk) as pool:
-        got = list(pool.map(_read_to_cache, files, [cache_dir] * len(files),
-                            chunksize=max(1, len(files) // (4 * workers))))
-    blocks = [b for b, _ in got]
-    if all(b is not None for b in blocks):
-        return [(b, s) for b, s in got if b is not None]
-    whole = _from_cache(files, cache_dir) if all(b is None for b in blocks) else None
-    if whole is not None:  # the run's table, the stats of each file
-        return whole
-    # Some files changed while read, or mixed results: read the rest here, as usual.
-    return [(b, s) if b is not None else _read_one(f, cache_dir)
-            for f, (b, s) in zip(files, got, strict=True)]
+    big = sum(uncached_bytes(f, cache_dir) for f in files) >= _PARALLEL_MIN_BYTES * max(2, workers)
+    return workers if big else 1
+
+
+_Parts = list[tuple[Block, ReadStats]] | tuple[StepTable, list[ReadStats]]
+
+
+class StepRead:
+    """A read of rank files, started: worker processes decode them while the caller does
+    other work, and ``result()`` waits for them and returns the table and its stats.
+
+    ``compare`` analyses run A while run B's files are decoded: this process is idle while
+    the workers decode (both CPUs are theirs), then works alone while they are gone.
+    The worker processes are this read's own: ``result()`` or ``close()`` (or leaving a
+    ``with`` block) ends them.
+
+    Example::
+
+        with StepRead(files_b, cache_b) as pending:
+            prepare(table_a)                  # runs while B's files are decoded
+            table_b, stats_b = pending.result()
+    """
+
+    def __init__(self, files: Sequence[Path], cache_dir: Path | None = None,
+                 processes: int | None = None) -> None:
+        self._files, self._cache_dir = list(files), cache_dir
+        self._pool: ProcessPoolExecutor | None = None
+        self._got: Iterator[tuple[Block | None, ReadStats]] | None = None
+        self._whole = _from_cache(self._files, cache_dir)
+        if self._whole is not None:
+            return
+        workers = _workers(self._files, cache_dir, processes)
+        if workers <= 1:
+            return
+        # fork: the workers need nothing but this module, already imported. Their
+        # allocator keeps its freed blocks (``_alloc``); the caller's process is left as
+        # it is.
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                         initializer=tune_for_bulk)
+        try:  # every chunk is submitted now: the workers start at once
+            self._got = self._pool.map(_read_to_cache, self._files,
+                                       [cache_dir] * len(self._files),
+                                       chunksize=max(1, len(self._files) // (4 * workers)))
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> StepRead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the workers (waiting for the files they are decoding); idempotent."""
+        pool, self._pool, self._got = self._pool, None, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def result(self) -> tuple[StepTable, ReadStats]:
+        """All ranks' records as one table ordered by (rank, step), and what was skipped."""
+        try:
+            parts = self._parts()
+        finally:
+            self.close()
+        return _to_table(parts)
+
+    def _parts(self) -> _Parts:
+        files, cache_dir = self._files, self._cache_dir
+        if self._whole is not None:
+            return self._whole
+        if self._got is None:
+            return [_read_one(f, cache_dir) for f in files]
+        got = list(self._got)
+        blocks = [b for b, _ in got]
+        if all(b is not None for b in blocks):
+            return [(b, s) for b, s in got if b is not None]
+        whole = _from_cache(files, cache_dir) if all(b is None for b in blocks) else None
+        if whole is not None:  # the run's table, the stats of each file
+            return whole
+        # Some files changed while read, or mixed results: read the rest here, as usual.
+        return [(b, s) if b is not None else _read_one(f, cache_dir)
+                for f, (b, s) in zip(files, got, strict=True)]
 
 
 def read_step_files(files: Sequence[Path], cache_dir: Path | None = None,
@@ -187,9 +252,11 @@ def read_step_files(files: Sequence[Path], cache_dir: Path | None = None,
     ``cache_dir``: where the per-rank columnar cache lives (None: no cache).
     ``processes``: worker processes (default: CPUs, when the files are large; 1 = serial).
     """
+    return StepRead(files, cache_dir, processes).result()
+
+
+def _to_table(parts: _Parts) -> tuple[StepTable, ReadStats]:
     stats = ReadStats()
-    whole = _from_cache(files, cache_dir)
-    parts = _read_all(files, cache_dir, processes) if whole is None else whole
     if isinstance(parts, tuple):  # the whole run from its cache
         for s in parts[1]:
             stats.merge(s)

@@ -45,7 +45,7 @@ from ._runwrite import (
     overwrite_in_place,
 )
 from ._steps_decode import ReadStats, parse_jsonl
-from ._steps_table import read_step_files
+from ._steps_table import StepRead
 from .errors import RunDirError
 from .schema import RunMeta, StepTable
 
@@ -306,8 +306,22 @@ class RunDir(CrossRankFiles):
         directory is read-only). ``processes``: worker processes for many large rank files
         (default: CPUs when worth it; 1 = serial).
         """
+        return self.start_read_steps(cache=cache, processes=processes).result()
+
+    def start_read_steps(self, *, cache: bool = True, processes: int | None = None
+                         ) -> StepRead:
+        """``read_steps``, started: worker processes decode the rank files while the
+        caller goes on; ``.result()`` waits and returns (table, stats). Use it in a
+        ``with`` block (or call ``.result()``): the workers end with it.
+
+        Example::
+
+            with run_b.start_read_steps() as pending:
+                ...                               # work on run A meanwhile
+                table_b, stats_b = pending.result()
+        """
         cache_dir = self.cache_dir / STEPS_DIR if cache else None
-        return read_step_files(self.step_files(), cache_dir, processes)
+        return StepRead(self.step_files(), cache_dir, processes)
 
     # -- events ----------------------------------------------------------------------
     def append_event(self, event: Mapping[str, Any]) -> None:

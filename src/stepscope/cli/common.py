@@ -19,7 +19,8 @@ from ..errors import StepscopeError
 from ..schema import RunMeta, StepTable
 from ..store import EVENTS_JSONL, STEPS_DIR, ReadStats, RunDir
 
-__all__ = ["emit_json", "RunSteps", "load_steps", "no_records_error", "note_event_problems"]
+__all__ = ["emit_json", "RunSteps", "load_steps", "PendingSteps", "no_records_error",
+           "note_event_problems"]
 
 
 def emit_json(obj: Any, *, one_line: bool = False) -> None:
@@ -52,12 +53,38 @@ def load_steps(path: str | Path, *, require: bool = True) -> RunSteps:
         loaded = load_steps("runs/exp1")
         loaded.table["step_time_s"]
     """
-    run = RunDir.open(path)
-    meta = run.read_meta()
-    table, stats = run.read_steps()
-    if require and not len(table):
-        raise no_records_error(run, stats)
-    return RunSteps(run, meta, table, stats)
+    return PendingSteps(path, require=require).result()
+
+
+class PendingSteps:
+    """``load_steps``, started: the run is opened (bad input raises here) and its rank
+    files decode in worker processes while the caller goes on; ``result()`` waits. Use it
+    in a ``with`` block, or call ``result()``: the workers end with it.
+
+    Example::
+
+        with PendingSteps("runs/b") as pending:
+            ...                                  # work on run A meanwhile
+            loaded_b = pending.result()
+    """
+
+    def __init__(self, path: str | Path, *, require: bool = True) -> None:
+        self.run = RunDir.open(path)
+        self.meta = self.run.read_meta()
+        self._require = require
+        self._read = self.run.start_read_steps()
+
+    def __enter__(self) -> PendingSteps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._read.close()
+
+    def result(self) -> RunSteps:
+        table, stats = self._read.result()
+        if self._require and not len(table):
+            raise no_records_error(self.run, stats)
+        return RunSteps(self.run, self.meta, table, stats)
 
 
 def no_records_error(run: RunDir, stats: ReadStats) -> StepscopeError:

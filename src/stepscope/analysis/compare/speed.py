@@ -32,8 +32,10 @@ than ``MIN_SHARE_DIFF`` is never called a change.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +57,8 @@ from .sample import (
 
 __all__ = [
     "SpeedMetric", "SpeedLedger", "speed_ledger", "MIN_EFFECT_REL", "N_BOOT", "CI_LEVEL",
-    "MAX_BOOT_UNITS", "MIN_SHARE_DIFF", "mark_inconclusive",
+    "MAX_BOOT_UNITS", "MIN_SHARE_DIFF", "mark_inconclusive", "kept_run_speeds",
+    "prepare_speed",
 ]
 
 # Smallest relative difference ever called a change. stepscope's default (the field report
@@ -252,6 +255,55 @@ class _RunSpeed:
                    split, spread, _Boot.of(s, *boot) if boot and s.n_steps else None)
 
 
+_Key = tuple[StepTable, RunMeta | None, Conditions | None, int, int, int]
+_KEPT: contextvars.ContextVar[list[tuple[_Key, _RunSpeed]] | None] = \
+    contextvars.ContextVar("stepscope_kept_run_speeds", default=None)
+
+
+@contextlib.contextmanager
+def kept_run_speeds() -> Iterator[None]:
+    """Within the block, a run's share of a speed ledger (its step sample reduced to point
+    values, noise and bootstrap) computed early by ``prepare_speed`` is taken by the next
+    ``speed_ledger`` of the same table, meta and conditions objects, seed and replicates,
+    instead of computed again: ``compare`` prepares run A's share while run B's files are
+    decoded. A share is let go once taken (~50 MB at 1,024 ranks), or when the block ends."""
+    token = _KEPT.set([])
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
+def _speed_of(table: StepTable, meta: RunMeta | None, conditions: Conditions | None,
+              n_boot: int, seed: int, which: int) -> _RunSpeed:
+    kept = _KEPT.get() or []
+    for i, (key, share) in enumerate(kept):
+        if (key[0] is table and key[1] is meta and key[2] is conditions
+                and key[3:] == (n_boot, seed, which)):
+            del kept[i]  # taken: let go with the ledger
+            return share
+    return _RunSpeed.of(step_sample(table, meta, conditions), (n_boot, seed, which))
+
+
+def prepare_speed(table: StepTable, meta: RunMeta | None, conditions: Conditions | None = None,
+                  *, seed: int = 0, n_boot: int = N_BOOT, which: int = 0) -> None:
+    """Compute one run's share of the speed ledger now, inside ``kept_run_speeds()``, where
+    the next ``speed_ledger`` takes it for the same table, meta and conditions objects, seed
+    and replicates (``which``: 0 for run A, 1 for run B). Outside the block: nothing done.
+
+    Example::
+
+        with kept_run_speeds():
+            prepare_speed(table_a, meta_a, cond_a, seed=0)   # e.g. while B is read
+            ledger = speed_ledger(table_a, meta_a, table_b, meta_b, seed=0,
+                                  conditions=(cond_a, cond_b))
+    """
+    kept = _KEPT.get()
+    if kept is not None:
+        share = _RunSpeed.of(step_sample(table, meta, conditions), (n_boot, seed, which))
+        kept.append(((table, meta, conditions, n_boot, seed, which), share))
+
+
 def _noise(name: str, ra: _RunSpeed, rb: _RunSpeed, repeats: Sequence[_RunSpeed],
            a: float, min_effect_rel: float) -> float:
     """The runs' own noise for one metric (see module doc), relative."""
@@ -342,8 +394,8 @@ def speed_ledger(table_a: StepTable, meta_a: RunMeta | None, table_b: StepTable,
         ledger.metrics["tokens_per_s"].ci_rel    # e.g. (0.081, 0.094): B is 8-9% faster
     """
     # One run's sample at a time: each is reduced to what the ledger needs, then let go.
-    sa = _RunSpeed.of(step_sample(table_a, meta_a, conditions[0]), (n_boot, seed, 0))
-    sb = _RunSpeed.of(step_sample(table_b, meta_b, conditions[1]), (n_boot, seed, 1))
+    sa = _speed_of(table_a, meta_a, conditions[0], n_boot, seed, 0)
+    sb = _speed_of(table_b, meta_b, conditions[1], n_boot, seed, 1)
     repeats = [_RunSpeed.of(step_sample(t, m), None) for t, m in baseline_repeats]
     metrics: dict[str, SpeedMetric] = {}
     if sa.n_steps and sb.n_steps:
