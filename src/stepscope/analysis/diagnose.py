@@ -34,8 +34,8 @@ from .op_findings import op_findings
 from .regimes import MIN_REGIME_STEPS, Regimes
 from .summary import Conditions
 
-__all__ = ["Diagnosis", "diagnose", "PERFORMANCE_CATEGORIES", "trace_findings", "records_lost",
-           "WRITE_ERROR_EVENT"]
+__all__ = ["Diagnosis", "diagnose", "health_findings", "PERFORMANCE_CATEGORIES",
+           "trace_findings", "records_lost", "WRITE_ERROR_EVENT"]
 
 # Categories that say where the time goes (candidates for "bottleneck").
 PERFORMANCE_CATEGORIES: tuple[str, ...] = (
@@ -362,22 +362,36 @@ def _compute_info(table: StepTable, findings: list[Finding],
                        "`stepscope trace DIR`")
 
 
+def health_findings(table: StepTable, meta: RunMeta | None = None,
+                    events: Sequence[Mapping[str, Any]] | None = None,
+                    config: HealthConfig | None = None, *,
+                    now_wall_s: float | None = None) -> list[Finding]:
+    """The health rules' findings that ``diagnose`` starts from (a profiler window's steps
+    left out where they would disturb a rule); ``report`` computes them in a forked child
+    while it summarizes, and hands them to ``diagnose(health=...)``."""
+    return _health(table, meta, config or HealthConfig(), now_wall_s,
+                   profiler_steps(meta, events or []))
+
+
 def diagnose(table: StepTable, meta: RunMeta | None = None,
              events: Sequence[Mapping[str, Any]] | None = None,
              trace_report: Mapping[str, Any] | None = None,
              config: HealthConfig | None = None, *,
              now_wall_s: float | None = None,
-             conditions: Conditions | None = None) -> Diagnosis:
+             conditions: Conditions | None = None,
+             health: Sequence[Finding] | None = None) -> Diagnosis:
     """Ranked findings, the bottleneck (or None) and advice for one run.
 
     ``events``: records of ``RunDir.read_events()`` (isolation results, integration
     findings, cross-rank gathers). ``trace_report``: a trace breakdown in the
     ``stepscope trace --json`` shape. ``now_wall_s``: UNIX time, for a live run's stall.
     ``conditions``: ``RunDir.read_conditions()``, evidence for the ``environment`` findings.
+    ``health``: ``health_findings`` of the same table, meta, events, config and time,
+    computed already: not computed again (diagnose may amend them, as it does its own).
     """
     cfg = config or HealthConfig()
-    window = profiler_steps(meta, events or [])
-    findings = _health(table, meta, cfg, now_wall_s, window)
+    findings = (list(health) if health is not None
+                else health_findings(table, meta, events, cfg, now_wall_s=now_wall_s))
     findings += _event_findings(events or [], len(table.ranks()) if len(table) else 0, cfg)
     loss = _loss_finding(meta, events or [])
     if loss is not None:

@@ -39,7 +39,7 @@ def export_cmd(run: Path, target: tuple[str, str], experiment: str, as_json: boo
     from ..report.export import export_run
 
     kind, dest = target
-    loaded = load_run(run)
+    loaded = load_run(run, fork=True)
     result = export_run(loaded.table, loaded.meta, loaded.sheet, kind, dest, experiment,
                         loaded.findings)
     if as_json:
