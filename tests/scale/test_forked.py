@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 import stepscope.cli.sheet as sheet
-from stepscope import RunMeta
+from stepscope import RunMeta, _forked
 from stepscope._forked import Forked
 from stepscope.cli import cli
 from support.rundirs import run_from_columns
@@ -101,6 +101,7 @@ def test_no_fork_and_closing_without_a_result() -> None:
 _ORPHAN = """
 import os, sys, time
 sys.path[:0] = sys.argv[1:2]
+from stepscope import _forked
 from stepscope._forked import Forked
 job = Forked(time.sleep, 600)
 print(job._proc.pid, flush=True)
@@ -156,7 +157,7 @@ def test_report_findings_from_the_child_equal_those_computed_here(
             return super().result()
 
     monkeypatch.setattr(sheet, "Forked", Watched)
-    monkeypatch.setattr(sheet, "FORK_MIN_ROWS", 0)  # this run is small: a child anyway
+    monkeypatch.setattr(_forked, "MIN_ROWS", 0)  # this run is small: a child anyway
     res = CliRunner().invoke(cli, ["report", str(tmp_path / "r"), "--json", "--no-html"])
     assert res.exit_code == 0, res.output
     assert used == [True]
@@ -167,7 +168,7 @@ def test_report_findings_from_the_child_equal_those_computed_here(
     assert doc["findings"] == orjson.loads(orjson.dumps(
         [f.to_dict() for f in here.findings], option=orjson.OPT_SERIALIZE_NUMPY, default=str))
     assert {f.category for f in here.findings} >= {"data_pipeline", "memory"}
-    monkeypatch.setattr(sheet, "FORK_MIN_ROWS", 10**6)
+    monkeypatch.setattr(_forked, "MIN_ROWS", 10**6)
     shutil.rmtree(tmp_path / "r" / ".cache")
     small = sheet.load_run(tmp_path / "r", fork=True)  # too few rows to pay for a child
     assert used == [True, False, False]

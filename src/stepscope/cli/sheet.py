@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import _forked
 from .._forked import Forked
 from .._summary_store import Stored
 from ..analysis.diagnose import diagnose, health_findings, records_lost
@@ -19,17 +20,7 @@ from ..schema import RunMeta, StepTable
 from ..store import ReadStats, RunDir
 from .common import load_steps, note_event_problems
 
-__all__ = ["LoadedRun", "load_run", "write_html", "sheet_json", "FORK_MIN_ROWS",
-           "FORK_MAX_ROWS"]
-
-# Above this many rows the health rules run in this process: the child reads the columns
-# it uses from the cache itself (up to the 256 MB of resident columns a process keeps) and
-# makes its own temporaries. At 2 million rows it held ~400 MB of its own beside the
-# parent's 582 MB peak; beside the ~1.5 GB of a 9.6-million-row report that would pass
-# the 2 GB a report must stay under. Below FORK_MIN_ROWS the rules take less time than
-# starting a child (tens of milliseconds).
-FORK_MAX_ROWS = 4_000_000
-FORK_MIN_ROWS = 200_000
+__all__ = ["LoadedRun", "load_run", "write_html", "sheet_json"]
 
 
 @dataclass
@@ -80,8 +71,8 @@ def load_run(path: str | Path, flops_convention: str | None = None, *,
     The sheet, findings and read counts of a run whose files are unchanged since they were
     last computed come from its summary store (``_summary_store``); the table is then read
     only when used. ``fork`` (stepscope's own one-shot commands only): the health rules
-    run in a forked child (``_forked``) while this process summarizes, for tables of
-    ``FORK_MIN_ROWS`` to ``FORK_MAX_ROWS`` rows."""
+    run in a forked child (``_forked``) while this process summarizes, for tables of the
+    size where that pays (``_forked.worth_it``)."""
     run = RunDir.open(path)
     entry = Stored([run.path], "report", {"flops_convention": flops_convention})
     doc = entry.get()
@@ -103,7 +94,7 @@ def load_run(path: str | Path, flops_convention: str | None = None, *,
     # this process summarizes (a cold report of a 1,024-rank run spent ~1.5 s on the two
     # one after the other); the rest of diagnose reuses what summarize found (regimes).
     with Forked(health_findings, rs.table, meta, events,
-                fork=fork and FORK_MIN_ROWS <= len(rs.table) <= FORK_MAX_ROWS) as job:
+                fork=fork and _forked.worth_it(len(rs.table))) as job:
         sheet = summarize(rs.table, meta, skipped_records=rs.stats.skipped,
                           conditions=conditions)
         # Reading an unanalysed capture costs a trace read: only when the breakdown needs it.
