@@ -22,6 +22,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+import stepscope.cli.report as report_cli
 import stepscope.cli.sheet as sheet
 from stepscope import RunMeta, _forked
 from stepscope._forked import Forked
@@ -157,10 +158,20 @@ def test_report_findings_from_the_child_equal_those_computed_here(
             return super().result()
 
     monkeypatch.setattr(sheet, "Forked", Watched)
+    made: list[bool] = []  # whether load_run made the page's charts beside the sheet
+    real_load = sheet.load_run
+
+    def load_run(*a: Any, **k: Any) -> sheet.LoadedRun:
+        loaded = real_load(*a, **k)
+        made.append(loaded.series_ is not None)
+        return loaded
+
+    monkeypatch.setattr(report_cli, "load_run", load_run)
     monkeypatch.setattr(_forked, "MIN_ROWS", 0)  # this run is small: a child anyway
-    res = CliRunner().invoke(cli, ["report", str(tmp_path / "r"), "--json", "--no-html"])
+    res = CliRunner().invoke(cli, ["report", str(tmp_path / "r"), "--json", "--html",
+                                   str(tmp_path / "forked.html")])
     assert res.exit_code == 0, res.output
-    assert used == [True]
+    assert used == [True] and made == [True]
     shutil.rmtree(tmp_path / "r" / ".cache")  # not the stored findings: computed again
     here = sheet.load_run(tmp_path / "r", fork=False)
     assert used == [True, False]
@@ -168,6 +179,9 @@ def test_report_findings_from_the_child_equal_those_computed_here(
     assert doc["findings"] == orjson.loads(orjson.dumps(
         [f.to_dict() for f in here.findings], option=orjson.OPT_SERIALIZE_NUMPY, default=str))
     assert {f.category for f in here.findings} >= {"data_pipeline", "memory"}
+    # the page's charts, made beside the sheet while the child finished: the same page
+    page = sheet.write_html(here, tmp_path / "here.html").read_bytes()
+    assert here.series_ is None and page == (tmp_path / "forked.html").read_bytes()
     monkeypatch.setattr(_forked, "MIN_ROWS", 10**6)
     shutil.rmtree(tmp_path / "r" / ".cache")
     small = sheet.load_run(tmp_path / "r", fork=True)  # too few rows to pay for a child

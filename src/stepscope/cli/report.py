@@ -44,9 +44,10 @@ def _html_somewhere(loaded: LoadedRun, out: Path | None) -> tuple[Path | None, s
 def report_cmd(run: Path, html_out: Path | None, as_json: bool, no_html: bool,
                flops_convention: str | None) -> None:
     """Print the health-check sheet of RUN (a run directory)."""
-    loaded = load_run(run, flops_convention, fork=True)
+    page = not (no_html and html_out is None)
+    loaded = load_run(run, flops_convention, fork=True, html=page)
     html_path, html_note = None, None
-    if not (no_html and html_out is None):
+    if page:
         html_path, html_note = _html_somewhere(loaded, html_out)
     if html_note:
         click.echo(f"stepscope: note: {html_note}", err=True)

@@ -35,6 +35,7 @@ class LoadedRun:
     # The step table: None when the sheet came from the run's summary store (read on use).
     table_: StepTable | None = None
     stored: Stored | None = None  # the store entry of this state of the run, if any
+    series_: dict[str, Any] | None = None  # the HTML page's charts, when made with the sheet
 
     @property
     def table(self) -> StepTable:
@@ -64,7 +65,7 @@ def _profile_doc(run: RunDir) -> dict[str, Any] | None:
 
 
 def load_run(path: str | Path, flops_convention: str | None = None, *,
-             fork: bool = False) -> LoadedRun:
+             fork: bool = False, html: bool = False) -> LoadedRun:
     """Open, read and analyse a run directory (raises StepscopeError on bad input);
     ``flops_convention``: MFU under that convention, as the run recorded it.
 
@@ -72,7 +73,8 @@ def load_run(path: str | Path, flops_convention: str | None = None, *,
     last computed come from its summary store (``_summary_store``); the table is then read
     only when used. ``fork`` (stepscope's own one-shot commands only): the health rules
     run in a forked child (``_forked``) while this process summarizes, for tables of the
-    size where that pays (``_forked.worth_it``)."""
+    size where that pays (``_forked.worth_it``). ``html``: the HTML page will be written,
+    so its charts are made too, while the child finishes."""
     run = RunDir.open(path)
     entry = Stored([run.path], "report", {"flops_convention": flops_convention})
     doc = entry.get()
@@ -100,6 +102,8 @@ def load_run(path: str | Path, flops_convention: str | None = None, *,
         # Reading an unanalysed capture costs a trace read: only when the breakdown needs it.
         profile = _profile_doc(rs.run) if wants_profile(sheet) else latest_profile(rs.run)
         sheet = with_profile_split(sheet, profile)
+        series = (series_doc(run.path.name, rs.table, sheet, meta, max_points=REPORT_POINTS)
+                  if html else None)
         health = job.result()
     result = diagnose(rs.table, meta, events=events, conditions=conditions, health=health)
     findings = sorted(result.findings, key=lambda f: severity_rank(f.severity))
@@ -107,7 +111,7 @@ def load_run(path: str | Path, flops_convention: str | None = None, *,
                                  "findings": [f.to_dict() for f in findings],
                                  "profile": profile}) else None
     return LoadedRun(rs.run, meta, rs.stats, sheet, findings, events, profile, rs.table,
-                     stored)
+                     stored, series)
 
 
 # Points per chart series embedded in report.html (min/max envelopes past it): a chart is
@@ -131,8 +135,8 @@ def write_html(loaded: LoadedRun, out: Path | None = None) -> Path:
                       loaded.stats.problems, loaded.findings, loaded.stats)
         if loaded.profile is not None:  # a capture analysed on demand for the breakdown
             doc["profile"] = loaded.profile
-        series = series_doc(name, loaded.table, loaded.sheet, loaded.meta,
-                            max_points=REPORT_POINTS)
+        series = loaded.series_ if loaded.series_ is not None else series_doc(
+            name, loaded.table, loaded.sheet, loaded.meta, max_points=REPORT_POINTS)
         page = render_offline(doc, series)
         if entry is not None:
             entry.put(page)
