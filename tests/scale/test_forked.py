@@ -91,6 +91,16 @@ def test_an_error_is_raised_here_by_the_same_code() -> None:
         Forked(_raises).result()
 
 
+def test_a_fork_refused_computes_it_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No process to be had (EAGAIN: a limit on processes, no memory for the page tables)."""
+    def refused(self: Any) -> None:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(type(mp.get_context("fork").Process()), "start", refused)
+    job = Forked(_where, 4)
+    assert not job.forked and job.result() == (os.getpid(), 8)
+
+
 def test_no_fork_and_closing_without_a_result() -> None:
     job = Forked(_where, 1, fork=False)
     assert not job.forked and job.result() == (os.getpid(), 2)
