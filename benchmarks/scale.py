@@ -17,8 +17,10 @@ Targets (issue 18): warm < 3 s, cold < 2x floor, peak < 2 GB at 9.6 M records, H
 The floor is also decoded once right before each cold command ("floor beside"): the host's
 speed drifts over minutes, and a cold command is best held against the decode next to it.
 ``--repeat N`` times the floor and each warm command N times (min and median: the host may
-be shared); ``--keep`` reuses run directories already generated under ``--dir`` (and keeps
-them), so a second benchmark of the 9.6-million-record shape skips the generation.
+be shared); ``--keep`` reuses run directories already generated under ``--dir`` (and
+keeps them), so a second benchmark of the 9.6-million-record shape skips the generation.
+"All processes" is the peak of a command's processes together (the reader's workers, a
+forked child), sampled in one more cold run (``TreeMemory``).
 
 Run: ``.venv/bin/python benchmarks/scale.py [--small | --full] [--before-src /path/src]``
 """
@@ -32,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -112,21 +115,76 @@ def _own_peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timed(argv: list[str], src: str | None = None) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MB) of ``python -m stepscope ARGV`` in a fresh process."""
+def _descendants(root: int) -> set[int]:
+    """``root`` and every process below it (Linux: each process's parent, from /proc)."""
+    parent: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(f"/proc/{entry.name}/stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree = {root}
+    while more := {p for p, pp in parent.items() if pp in tree} - tree:
+        tree |= more
+    return tree
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass  # gone meanwhile, or no such file (not Linux)
+    return 0
+
+
+class TreeMemory:
+    """The most memory a process and its descendants held together, sampled every
+    ``every`` seconds: the sum of their proportional set sizes (a page n processes share
+    counts 1/n to each, so once in the sum). ``ru_maxrss`` is the largest single process:
+    the reader's workers beside the command and a forked child's own pages are not in it.
+    Sampling costs CPU, so it runs in a cold run of its own."""
+
+    def __init__(self, pid: int, every: float = 0.1) -> None:
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(pid, every), daemon=True)
+        self._thread.start()
+
+    def _sample(self, pid: int, every: float) -> None:
+        while not self._stop.wait(every):
+            self.peak_kb = max(self.peak_kb, sum(map(_pss_kb, _descendants(pid))))
+
+    def stop(self) -> float:
+        """The peak, in MB."""
+        self._stop.set()
+        self._thread.join()
+        return self.peak_kb / 1024
+
+
+def timed(argv: list[str], src: str | None = None, tree: bool = False
+          ) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MB) of ``python -m stepscope ARGV`` in a fresh process;
+    ``tree``: the peak is that of all its processes together instead (``TreeMemory``)."""
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = src
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "stepscope", *argv], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sampler = TreeMemory(proc.pid) if tree else None
     _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t0
+    together = sampler.stop() if sampler is not None else None
     proc.returncode = os.waitstatus_to_exitcode(status)
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode not in (0, 1):  # compare exits 1 for an invalid comparison
         raise SystemExit(f"stepscope {' '.join(argv)} failed ({proc.returncode}): {err}")
-    return dt, usage.ru_maxrss / 1024
+    return dt, together if together is not None else usage.ru_maxrss / 1024
 
 
 def _commands(a: Path, b: Path, html: Path) -> dict[str, list[str]]:
@@ -147,9 +205,10 @@ def bench_shape(root: Path, ranks: int, steps: int, before: str | None, repeat: 
            f"{size:,.0f} MB per run; floor (bulk decode of one run) min {floor:.2f} s, "
            f"median {statistics.median(floors):.2f} s of {repeat}\n",
            "| command | cold s | warm s min | warm s median | cold / floor | warm / floor "
-           "| floor beside s | cold / floor beside | peak MB cold | peak MB warm"
-           + (" | before cold s | before peak MB cold |" if before else " |"),
-           "|---|---|---|---|---|---|---|---|---|---" + ("|---|---|" if before else "|")]
+           "| floor beside s | cold / floor beside | peak MB cold | peak MB warm "
+           "| all processes MB cold" + (" | before cold s | before peak MB cold |"
+                                        if before else " |"),
+           "|---|---|---|---|---|---|---|---|---|---|---" + ("|---|---|" if before else "|")]
     for name, argv in _commands(a.path, b.path, root / "r.html").items():
         if only and name not in only:
             continue
@@ -161,11 +220,14 @@ def bench_shape(root: Path, ranks: int, steps: int, before: str | None, repeat: 
         cold, cold_mb = timed(argv)
         warms = [timed(argv) for _ in range(repeat)]
         warm, warm_mb = min(w for w, _ in warms), max(m for _, m in warms)
+        shutil.rmtree(a.cache_dir, ignore_errors=True)  # cold again, memory sampled
+        shutil.rmtree(b.cache_dir, ignore_errors=True)
+        _, together_mb = timed(argv, tree=True)
         runs = 2 if name == "compare" else 1
         row = (f"| {name} | {cold:.2f} | {warm:.2f} | "
                f"{statistics.median(w for w, _ in warms):.2f} | {cold / (floor * runs):.1f}x | "
                f"{warm / (floor * runs):.2f}x | {beside:.2f} | {cold / (beside * runs):.1f}x | "
-               f"{cold_mb:,.0f} | {warm_mb:,.0f} |")
+               f"{cold_mb:,.0f} | {warm_mb:,.0f} | {together_mb:,.0f} |")
         if before:  # cold too: the caches left by the runs above would make it warm
             shutil.rmtree(a.cache_dir, ignore_errors=True)
             shutil.rmtree(b.cache_dir, ignore_errors=True)
