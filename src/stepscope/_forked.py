@@ -85,7 +85,9 @@ def _joined(proc: Any) -> bool:
 
 
 def worth_it(rows: int) -> bool:
-    """Whether the analysis of a table of ``rows`` rows is split over a child."""
+    """Whether the analysis of a table of ``rows`` rows runs beside other processes' work:
+    a forked child's (``report``), or another run's read (``compare``, whose workers hold
+    their own memory meanwhile)."""
     return MIN_ROWS <= rows <= MAX_ROWS
 
 

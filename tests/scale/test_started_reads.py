@@ -8,6 +8,7 @@ comparison computed the plain way, with no share prepared: equal, bit for bit.
 from __future__ import annotations
 
 import multiprocessing as mp
+import shutil
 import time
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 import stepscope._steps_table as steps_table
-from stepscope import RunDir, RunMeta
+import stepscope.cli.compare as compare_cli
+from stepscope import RunDir, RunMeta, _forked
 from stepscope.analysis.compare import speed
 from stepscope.analysis.compare.runs import compare_runs
 from stepscope.cli import cli
@@ -140,13 +142,18 @@ def test_cli_compare_with_a_started_read_equals_the_plain_comparison(
     files) while A's share is computed: the --json document is the plain comparison's."""
     a, b = runs
     monkeypatch.setattr(steps_table, "_PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(_forked, "MIN_ROWS", 0)  # these runs are small: prepared anyway
     samples: list[int] = []
     real = speed.step_sample
     monkeypatch.setattr(speed, "step_sample", lambda t, *a: samples.append(len(t)) or real(t, *a))
+    prepared: list[int] = []
+    real_prepare = compare_cli.prepare_speed
+    monkeypatch.setattr(compare_cli, "prepare_speed",
+                        lambda t, *a, **k: prepared.append(len(t)) or real_prepare(t, *a, **k))
     res = CliRunner().invoke(cli, ["compare", str(a), str(b), "--json", "--allow-multi",
                                    "--seed", "5"])
     assert res.exit_code == 0, res.output
-    assert len(samples) == 2  # one share per run: A's prepared one was reused
+    assert len(prepared) == 1 and len(samples) == 2  # A's prepared share was reused
     assert list(_manifests(RunDir(b)))  # B was read through the cache by the workers
     ra, rb = RunDir(a), RunDir(b)
     plain = compare_runs(ra.read_steps(cache=False)[0], ra.read_meta(),
@@ -154,3 +161,12 @@ def test_cli_compare_with_a_started_read_equals_the_plain_comparison(
                          conditions=(ra.read_conditions(), rb.read_conditions()))
     assert orjson.loads(res.stdout_bytes) == orjson.loads(orjson.dumps(
         plain.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY, default=str))
+    # Past MAX_ROWS, A's share is computed in the ledger, after B's read: the same answer.
+    monkeypatch.setattr(_forked, "MAX_ROWS", 10)
+    for run in (a, b):
+        shutil.rmtree(run / ".cache")
+    again = CliRunner().invoke(cli, ["compare", str(a), str(b), "--json", "--allow-multi",
+                                     "--seed", "5"])
+    assert again.exit_code == 0, again.output
+    assert len(prepared) == 1 and len(samples) == 6  # 2 more for `plain` above
+    assert again.stdout_bytes == res.stdout_bytes

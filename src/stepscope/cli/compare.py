@@ -19,6 +19,7 @@ from typing import Any
 import click
 import orjson
 
+from .. import _forked
 from .._summary_store import Stored
 from ..analysis.compare.quality import eval_record
 from ..analysis.compare.runs import Comparison, compare_runs, diff_fingerprints
@@ -76,11 +77,14 @@ def compare_cmd(ctx: click.Context, run_a: str, run_b: str, as_json: bool, markd
     with kept_run_speeds():
         # Run A's share of the speed ledger is computed while run B's files decode in
         # worker processes: this process would only wait for them (about a second of the
-        # ~9 s a cold compare of two 1,024-rank runs took).
+        # ~9 s a cold compare of two 1,024-rank runs took). Not for tables past
+        # _forked.MAX_ROWS: at 9.6 M rows it gained nothing (the workers keep both CPUs
+        # busy) and took the processes' memory together from 1.4 GB to 2.0 GB.
         ta, ma, ea = load_for_compare(run_a)
         with PendingSteps(run_b) as pending:
             cond_a = RunDir(run_a).read_conditions()
-            prepare_speed(ta, ma, cond_a, seed=seed)
+            if _forked.worth_it(len(ta)):
+                prepare_speed(ta, ma, cond_a, seed=seed)
             loaded = pending.result()
         tb, mb, eb = loaded.table, loaded.meta, loaded.run.read_events("eval")[0]
         reps = [load_for_compare(r)[:2] for r in repeats]
