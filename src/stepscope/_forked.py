@@ -135,7 +135,7 @@ class Forked(Generic[T]):
             wait = max(self._patience, time.monotonic() - self._started)
             if conn.poll(wait):
                 status, value = conn.recv()
-        except Exception:  # noqa: BLE001 - the child died, or sent what does not unpickle
+        except Exception:  # the child died, or sent what does not unpickle here
             status = "failed"
         finally:
             conn.close()

@@ -31,7 +31,7 @@ from ..index import INDEX_FILE, best_config, build_index, query_index
 from ..schema import RunMeta, StepTable
 from ..store import RunDir
 from . import cli
-from .common import PendingSteps, emit_json, load_steps
+from .common import PendingSteps, RunSteps, emit_json, load_steps
 
 __all__ = ["load_for_compare", "EXIT_INVALID"]
 
@@ -41,7 +41,10 @@ EXIT_INVALID = 1
 
 def load_for_compare(path: str | Path) -> tuple[StepTable, RunMeta, list[dict[str, Any]]]:
     """(step table, run.json, eval events) of a run; raises StepscopeError on bad input."""
-    loaded = load_steps(path)
+    return _inputs(load_steps(path))
+
+
+def _inputs(loaded: RunSteps) -> tuple[StepTable, RunMeta, list[dict[str, Any]]]:
     return loaded.table, loaded.meta, loaded.run.read_events("eval")[0]
 
 
@@ -80,20 +83,21 @@ def compare_cmd(ctx: click.Context, run_a: str, run_b: str, as_json: bool, markd
         # ~9 s a cold compare of two 1,024-rank runs took). Not for tables past
         # _forked.MAX_ROWS: at 9.6 M rows it gained nothing (the workers keep both CPUs
         # busy) and took the processes' memory together from 1.4 GB to 2.0 GB.
-        ta, ma, ea = load_for_compare(run_a)
+        a = load_steps(run_a)
+        ta, ma, ea = _inputs(a)
         with PendingSteps(run_b) as pending:
-            cond_a = RunDir(run_a).read_conditions()
+            cond_a = a.run.read_conditions()
             if _forked.worth_it(len(ta)):
                 prepare_speed(ta, ma, cond_a, seed=seed)
-            loaded = pending.result()
-        tb, mb, eb = loaded.table, loaded.meta, loaded.run.read_events("eval")[0]
+            b = pending.result()
+        tb, mb, eb = _inputs(b)
         reps = [load_for_compare(r)[:2] for r in repeats]
         for (_, mr), path in zip(reps, repeats, strict=True):
             if diff_fingerprints(ma, mr)[0]:
                 raise ConfigError(f"--repeat {path} is not a repeat of {run_a}: "
                                   f"{', '.join(str(d) for d in diff_fingerprints(ma, mr)[0])}")
         result = compare_runs(ta, ma, tb, mb, ea, eb, seed=seed, baseline_repeats=reps,
-                              conditions=(cond_a, RunDir(run_b).read_conditions()))
+                              conditions=(cond_a, b.run.read_conditions()))
     _emit_comparison(result, as_json, markdown)
     if entry is not None:
         entry.put(_stored_doc(result))
