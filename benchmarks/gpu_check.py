@@ -106,7 +106,7 @@ def run_demo(out: Path, device: str = "cuda") -> Path:
 
 
 def _record_phase_means(run: Path) -> dict[str, float]:
-    from stepscope.store import RunDir
+    from stepscope.rundir.store import RunDir
 
     table, _ = RunDir.open(run).read_steps()
     inside = (table["step"] >= PROFILE[0]) & (table["step"] < PROFILE[1])
@@ -175,7 +175,7 @@ def check_nvml(run: Path) -> Row:
     except ImportError:
         row.status, row.detail = "SKIP", "nvidia-ml-py not installed (pip install nvidia-ml-py)"
         return row
-    from stepscope.store import RunDir
+    from stepscope.rundir.store import RunDir
 
     samples = [s for rank in RunDir(run).read_conditions().values() for s in rank]
     keys = ("gpu_sm_clock_mhz", "gpu_temp_c", "gpu_power_w")

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import stepscope
-from stepscope.index import build_index
+from stepscope.rundir.index import build_index
 
 
 def write_run(path: Path, i: int, steps: int) -> None:

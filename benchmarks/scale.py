@@ -1,7 +1,7 @@
 """Scale benchmark (issue 18): report, diagnose and compare on runs of millions of records.
 
 Generates run directories of synthetic step records in the Recorder's own format
-(``stepscope._records.rows_to_records``, one JSONL file per rank, ~400 bytes per record,
+(``stepscope.record.records.rows_to_records``, one JSONL file per rank, ~400 bytes per record,
 one straggler rank planted 15% slower), then times each command as a fresh process, cold
 (no ``RUN/.cache``) and warm (cache built by the cold run), with its peak resident memory
 (``wait4``: the maximum over the process and the workers it waited for). The floor is a
@@ -42,9 +42,9 @@ import msgspec
 import numpy as np
 import orjson
 
-from stepscope._records import rows_to_records
+from stepscope.record.records import rows_to_records
+from stepscope.rundir.store import RunDir
 from stepscope.schema import RunMeta
-from stepscope.store import RunDir
 
 _NAMES = ["rank", "step", "end_s", "wall_time_s", "step_time_s", "data_wait_s", "forward_s",
           "backward_s", "optimizer_s", "comm_s", "comm_exposed_s", "tokens", "samples", "loss",

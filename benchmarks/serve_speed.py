@@ -200,7 +200,7 @@ def run_page_first(root: Path) -> tuple[float, float, float, bool]:
 
 def _drop_caches(root: Path) -> None:
     """A cold root: no index, no page or step cache (the run files alone)."""
-    from stepscope.index import INDEX_FILE
+    from stepscope.rundir.index import INDEX_FILE
 
     for p in root.glob(INDEX_FILE + "*"):
         p.unlink()

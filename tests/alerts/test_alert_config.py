@@ -102,8 +102,8 @@ def test_two_sinks_with_one_name_are_refused(tmp_path: Path) -> None:
 
 
 def test_baseline_run_is_read_when_the_file_is_loaded(tmp_path: Path) -> None:
+    from stepscope.rundir.store import RunDir, StepFileWriter
     from stepscope.schema import RunMeta
-    from stepscope.store import RunDir, StepFileWriter
 
     base = RunDir.create(tmp_path / "base", RunMeta(run_id="base"))
     StepFileWriter(base.steps_path(0)).write(

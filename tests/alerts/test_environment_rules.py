@@ -17,7 +17,7 @@ import pytest
 
 from stepscope.alerts.config import RulesConfig
 from stepscope.alerts.rules import LiveRules
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.procs import cpu_hogs
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

@@ -19,7 +19,7 @@ import pytest
 
 import stepscope
 from stepscope.alerts import AlertConfigError
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.chat_robots import DING_SECRET, DING_TOKEN, ChatRobots
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

@@ -19,7 +19,7 @@ from stepscope.alerts.rules import LiveRules
 from stepscope.analysis.health.config import HealthConfig
 from stepscope.analysis.health.stats import spearman, theil_sen_slope
 from stepscope.analysis.health.system import memory_creep
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 MiB = float(2**20)

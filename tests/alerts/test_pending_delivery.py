@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from stepscope.alerts.pending import find_pending
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.chat_robots import BlackHole, ChatRobots
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

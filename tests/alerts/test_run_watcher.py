@@ -9,8 +9,8 @@ from pathlib import Path
 
 from stepscope.alerts.config import RulesConfig
 from stepscope.alerts.follow import RunWatcher, pid_state
+from stepscope.rundir.store import RunDir, StepFileWriter
 from stepscope.schema import RunMeta
-from stepscope.store import RunDir, StepFileWriter
 
 
 def _run(tmp_path: Path, pid: int = 4242) -> tuple[RunDir, StepFileWriter]:
@@ -87,7 +87,7 @@ def test_pid_state_reads_this_process_and_a_gone_one() -> None:
 
 
 def test_a_rank_slow_in_m_gathers_is_reported_as_a_straggler(tmp_path: Path) -> None:
-    from stepscope.crossrank import cross_rank_event
+    from stepscope.record.crossrank import cross_rank_event
 
     run, w = _run(tmp_path)
     watcher = RunWatcher(run, RulesConfig(), stall_after_s=600.0, state_of=lambda p: "S")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.chat_robots import ChatRobots
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

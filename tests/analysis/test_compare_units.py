@@ -17,7 +17,7 @@ from markdown_it import MarkdownIt
 from stepscope.analysis.compare.quality import eval_record, quality_ledger
 from stepscope.analysis.compare.runs import batch_trap, compare_runs, diff_fingerprints
 from stepscope.analysis.compare.sample import step_sample
-from stepscope.analysis.compare.scaling import scaling
+from stepscope.analysis.compare.scaling_efficiency import scaling
 from stepscope.analysis.compare.speed import speed_ledger
 from stepscope.analysis.summary import summarize
 from stepscope.report.markdown_tables import comparison_markdown, md_table, scaling_markdown

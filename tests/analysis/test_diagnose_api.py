@@ -7,7 +7,6 @@ import pytest
 
 from stepscope.analysis.advice import STAGES, advise
 from stepscope.analysis.diagnose import diagnose, trace_findings
-from stepscope.analysis.findings import Finding
 from stepscope.analysis.health import HealthConfig
 from stepscope.analysis.isolation import (
     IsolationResult,
@@ -15,6 +14,7 @@ from stepscope.analysis.isolation import (
     data_isolation_verdict,
     isolation_finding,
 )
+from stepscope.findings import Finding
 from stepscope.schema import RunMeta, StepTable
 
 N = 40

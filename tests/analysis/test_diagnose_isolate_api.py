@@ -14,7 +14,7 @@ from stepscope import Recorder, RunDir  # noqa: E402
 from stepscope.analysis.diagnose import diagnose  # noqa: E402
 from stepscope.analysis.isolation import data_isolation_verdict  # noqa: E402
 from stepscope.errors import ConfigError  # noqa: E402
-from stepscope.isolate import ReplayBatches, noop_grad_sync_hook, record_isolation  # noqa: E402
+from stepscope.record.isolate import ReplayBatches, noop_grad_sync_hook, record_isolation  # noqa: E402
 
 
 def test_replay_batches_repeat_the_first_real_batches() -> None:

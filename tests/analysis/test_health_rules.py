@@ -11,7 +11,6 @@ import math
 import numpy as np
 import pytest
 
-from stepscope.analysis.findings import Finding
 from stepscope.analysis.health.check import RULES, HealthConfig, check_health
 from stepscope.analysis.health.numerics import nonfinite_index
 from stepscope.analysis.health.stats import (
@@ -22,6 +21,7 @@ from stepscope.analysis.health.stats import (
     trailing_robust_z,
 )
 from stepscope.analysis.health.training import lr_restarts
+from stepscope.findings import Finding
 from stepscope.schema import RunMeta, StepTable
 
 N = 100
@@ -320,11 +320,7 @@ def test_one_straggler_score_for_health_cross_rank_and_trace() -> None:
     """The reference is the lower median: two ranks -> the faster; four -> the second
     fastest (not the mean of the middle two); NaN and non-positive times get no score."""
     from stepscope.analysis.health.config import HealthConfig, straggler_scores
-    from stepscope.crossrank import (
-        STRAGGLER_THRESHOLD,
-        cross_rank_event,
-        stragglers,
-    )
+    from stepscope.record.crossrank import STRAGGLER_THRESHOLD, cross_rank_event, stragglers
 
     assert straggler_scores({0: 0.1, 1: 0.2}) == {0: 1.0, 1: 0.5}
     assert straggler_scores({0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: math.nan, 5: 0.0}) == {

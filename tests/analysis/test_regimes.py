@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from stepscope.analysis.compare.runs import _same, normalise
-from stepscope.analysis.environment import condition_differences, profiler_steps
+from stepscope.analysis.env_evidence import condition_differences, profiler_steps
 from stepscope.analysis.regimes import find_regimes, segment
 from stepscope.analysis.summary import summarize
-from stepscope.conditions import ConditionLog, ConditionSampler
+from stepscope.record.conditions import ConditionLog, ConditionSampler
 from stepscope.schema import RunMeta, StepTable
 
 JITTER = np.tile([0.98, 1.02], 50)  # +-2%, deterministic

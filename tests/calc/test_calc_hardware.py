@@ -15,8 +15,8 @@ from stepscope.calc.hardware import (
     normalize_dtype,
     require_peak,
 )
-from stepscope.envinfo import cpu_facts, cpu_peak_here
 from stepscope.errors import UnknownDeviceError
+from stepscope.record.host import cpu_facts, cpu_peak_here
 
 # Strings as torch.cuda.get_device_name() / torch_npu / JAX report them -> table row.
 REPORTED = [

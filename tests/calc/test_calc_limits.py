@@ -6,7 +6,7 @@ import pytest
 from test_calc_cli import GPT2, LLAMA2_70B, run, run_json
 
 from stepscope.calc.flops import ModelSpec, flops_per_token
-from stepscope.envinfo import cpu_peak_here
+from stepscope.record.host import cpu_peak_here
 
 
 def test_mfu_above_100_percent_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:

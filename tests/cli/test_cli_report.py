@@ -153,7 +153,7 @@ def test_demo_slow_data_walks_through_the_isolation_story(tmp_path: Path) -> Non
 
 def test_report_html_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
     """The store writes report.html; a path it cannot write is an error a user can act on."""
-    from stepscope.recorder import Recorder
+    from stepscope.record.recorder import Recorder
 
     run = tmp_path / "run"
     t = [0.0]

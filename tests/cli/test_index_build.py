@@ -21,7 +21,8 @@ from markdown_it import MarkdownIt
 
 import stepscope
 from stepscope.errors import ConfigError, RunDirError
-from stepscope.index import (
+from stepscope.report.markdown_tables import index_markdown
+from stepscope.rundir.index import (
     COLUMNS,
     best_config,
     build_index,
@@ -29,7 +30,6 @@ from stepscope.index import (
     query_index,
     skipped_runs,
 )
-from stepscope.report.markdown_tables import index_markdown
 
 
 def write_run(path: Path, *, devices: int, step_s: float, model: str = "gpt-1b",

@@ -89,8 +89,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_run_directory_means_its_latest_profile(tmp_path: Path) -> None:
+    from stepscope.rundir.store import RunDir
     from stepscope.schema import RunMeta
-    from stepscope.store import RunDir
     run = RunDir.create(tmp_path / "run", RunMeta(run_id="r1"))
     prof = run.new_profile_dir()
     _trace(prof)

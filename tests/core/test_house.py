@@ -131,7 +131,7 @@ def test_the_graph_sees_relative_absolute_and_function_local_imports() -> None:
     assert "stepscope.errors" in g["stepscope._ranges"]  # from .errors import ...
     assert "stepscope.analysis.health.config" in g["stepscope.analysis.health.ranks"]
     assert "stepscope.report.terminal" in g["stepscope.cli.report"]  # inside report_cmd
-    assert "stepscope.recorder" not in g["stepscope"]  # under TYPE_CHECKING only
+    assert "stepscope.record.recorder" not in g["stepscope"]  # under TYPE_CHECKING only
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [
         frozenset({"a", "b", "c"})]
     assert cycles({"a": {"a"}, "b": set()}) == [frozenset({"a"})]

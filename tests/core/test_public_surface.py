@@ -244,8 +244,8 @@ def test_import_stepscope_stays_light() -> None:
     does: no numpy, no analysis, no torch until a name is used."""
     mods = _imported("import stepscope")
     assert _heavy(mods, ("torch", "mindspore", "matplotlib", "numpy", "rich",
-                         "stepscope.analysis", "stepscope.traces", "stepscope.recorder")) == []
-    assert stepscope.Recorder.__module__ == "stepscope.recorder"  # lazily, on first use
+                         "stepscope.analysis", "stepscope.traces", "stepscope.record.recorder")) == []
+    assert stepscope.Recorder.__module__ == "stepscope.record.recorder"  # lazily, on first use
 
 
 def test_help_imports_no_command() -> None:
@@ -253,7 +253,7 @@ def test_help_imports_no_command() -> None:
     measures the start-up this buys)."""
     mods = _imported(CLI_CALL, "--help")
     assert _heavy(mods, ("numpy", "matplotlib", "rich", "torch", "mindspore", "orjson",
-                         "stepscope.analysis", "stepscope.store", "stepscope.calc")) == []
+                         "stepscope.analysis", "stepscope.rundir.store", "stepscope.calc")) == []
     assert not [m for m in mods if m.startswith("stepscope.cli.")]
 
 
@@ -264,7 +264,7 @@ def test_trace_imports_only_what_it_uses(tmp_path: Path) -> None:
     assert _heavy(mods, ("matplotlib", "rich", "torch", "mindspore", "stepscope.report",
                          "stepscope.analysis.diagnose", "stepscope.analysis.health.check",
                          "stepscope.analysis.summary", "stepscope.analysis.compare",
-                         "stepscope.calc", "stepscope.recorder", "stepscope.index")) == []
+                         "stepscope.calc", "stepscope.record.recorder", "stepscope.rundir.index")) == []
     assert not [m for m in mods if m.startswith("stepscope.cli.") and m not in (
         "stepscope.cli.trace", "stepscope.cli.common")]
 

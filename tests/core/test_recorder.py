@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from stepscope import Recorder, RunDir
-from stepscope.store import StepFileWriter
+from stepscope.rundir.store import StepFileWriter
 
 
 class FakeClock:
@@ -220,7 +220,7 @@ def test_tool_time_between_steps_is_attributed_not_lost(tmp_path: Path) -> None:
 
 
 def test_rows_to_records_keeps_only_recorded_slots() -> None:
-    from stepscope._records import UNSET, rows_to_records
+    from stepscope.record.records import UNSET, rows_to_records
 
     names = ["rank", "step", "step_time_s", "loss", "lr", "my_metric"]
     nan = float("nan")

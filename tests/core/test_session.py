@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stepscope import Recorder, RunDir
-from stepscope.crossrank import FileExchange
-from stepscope.session import StepSession
+from stepscope.record.crossrank import FileExchange
+from stepscope.record.session import StepSession
 
 
 class FakeClock:

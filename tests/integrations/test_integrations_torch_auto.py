@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.torch_run import assert_times_agree, printed_times, python_script, stepscope_run
 
 pytestmark = pytest.mark.xdist_group("torch_run")

@@ -17,7 +17,7 @@ from stepscope.integrations.torch.ddp import (
     union_s,
     wait_transfer,
 )
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.torch_run import SCRIPTS, assert_times_agree, printed_times, stepscope_run
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from stepscope.integrations.hf import StepscopeCallback  # noqa: E402
-from stepscope.store import RunDir  # noqa: E402
+from stepscope.rundir.store import RunDir  # noqa: E402
 
 
 class _Tokens(torch.utils.data.Dataset):  # type: ignore[misc]

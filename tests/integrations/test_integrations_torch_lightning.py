@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 
 from stepscope.integrations.lightning import StepscopeCallback  # noqa: E402
-from stepscope.store import RunDir  # noqa: E402
+from stepscope.rundir.store import RunDir  # noqa: E402
 
 VOCAB, SEQ = 64, 16
 

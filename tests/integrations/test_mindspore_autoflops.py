@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 import stepscope.cli.report  # noqa: F401  (registers `report`)
 from stepscope.cli import cli
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.script_log import printed
 from support.torch_run import BIN, peak_env, stepscope_run
 

@@ -21,7 +21,7 @@ from stepscope.integrations.mindspore.flopcount import (
     conv_flops,
     dense_flops,
 )
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.torch_run import peak_env
 
 pytest.importorskip("mindspore")

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 import stepscope.cli.report  # noqa: F401  (registers `report` on the group)
 from stepscope.analysis.summary import steady_mask
 from stepscope.cli import cli
+from stepscope.rundir.store import RunDir
 from stepscope.schema import EVENT_KINDS, EventTable
-from stepscope.store import RunDir
 from stepscope.traces import mindspore as msr
 from stepscope.traces.mindspore_phases import PHASE_NAMES, annotate, op_phase, phase_busy_us
 

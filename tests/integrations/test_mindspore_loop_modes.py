@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.script_log import printed
 from support.torch_run import BIN
 

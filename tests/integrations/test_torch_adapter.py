@@ -51,7 +51,7 @@ def test_environment_and_device() -> None:
     info = sst.device_info("cpu")
     assert info["device_kind"] == "cpu" and info["num_devices"] == 1
     assert sst.sync_fn("cpu") is None
-    from stepscope.envinfo import cpu_peak_here
+    from stepscope.record.host import cpu_peak_here
 
     peak, source = sst.peak_flops_for_device("cpu", "fp32")
     entry = cpu_peak_here("fp32", threads=torch.get_num_threads())[0]

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from stepscope.integrations.torch import accum, between, closure, layout
-from stepscope.integrations.torch.values import StepData
+from stepscope.integrations.torch.readers import StepData
 
 
 def test_between_steps_time_moves_the_step_start_and_clears_eval_fetches() -> None:

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import stepscope.cli.report  # noqa: F401  (registers `report`)
 from stepscope.cli import cli
 from stepscope.integrations.torch.flopcount import counted_fields, forward_flops
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.torch_run import peak_args, python_script, stepscope_run
 
 pytestmark = pytest.mark.xdist_group("torch_run")

@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from stepscope.recorder import Recorder
+from stepscope.record.recorder import Recorder
 from support.browser import embedded
 from support.procs import no_traceback, stepscope
 from support.traces import cpu_step_events, ev, thread_name, write_trace

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from stepscope.crossrank import FileExchange, cross_rank_event
+from stepscope.record.crossrank import FileExchange, cross_rank_event
+from stepscope.rundir.store import RunDir
 from stepscope.schema import RunMeta
-from stepscope.store import RunDir
 
 NAMES = ("step_time_s", "compute_s")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.recorder import Recorder
-from stepscope.store import RunDir
+from stepscope.record.recorder import Recorder
+from stepscope.rundir.store import RunDir
 from support.disk import small_tmpfs
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from stepscope import RunDir
 from stepscope.analysis.series import step_series
-from stepscope.recorder import Recorder
+from stepscope.record.recorder import Recorder
 from stepscope.report.live_export import attach
 from support.torch_run import SCRIPTS, python_script, stepscope_run
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from stepscope.cli.run_html import _remove_leftovers, write_after_run
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.browser import embedded, offline_page
 from support.procs import Live, clean_env, no_traceback
 from support.torch_run import BIN, python_script, stepscope_run

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from stepscope.recorder import Recorder
+from stepscope.record.recorder import Recorder
 from support.browser import ARGS, ARTIFACTS, CHROMIUM, sync_api, wait
 
 STEPSCOPE = str(Path(sys.executable).parent / "stepscope")

@@ -102,7 +102,7 @@ def test_without_page_documents_the_sheet_comes_from_the_index_store(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A finished run nobody has opened: the index summarised it already (its summary
     store's "sheet" entry), so the page reads the table for its series only."""
-    import stepscope.index as index
+    import stepscope.rundir.index as index
 
     computed = _documents(_board(root), "ddp")  # the index ran: the sheet is stored
     shutil.rmtree(root / PAGES_DIR)

@@ -26,13 +26,13 @@ import numpy as np
 import orjson
 import pytest
 
-from stepscope._steps_sample import sample_step_files
 from stepscope.errors import StepscopeError
-from stepscope.index import build_index, stored_sheet
 from stepscope.report import serve_index
 from stepscope.report.serve import DashboardServer, make_server
 from stepscope.report.serve_pages import PAGES_DIR
-from stepscope.store import RunDir
+from stepscope.rundir.index import build_index, stored_sheet
+from stepscope.rundir.steps_sample import sample_step_files
+from stepscope.rundir.store import RunDir
 from support.browser import ARGS, ARTIFACTS, CHROMIUM, sync_api, wait
 
 STEPS, RANKS = 6000, 3  # ~2.3 MB of step files

@@ -1,4 +1,4 @@
-"""The allocator tuning for bulk column work (stepscope._alloc): it keeps freed blocks, so
+"""The allocator tuning for bulk column work (stepscope.proc.alloc): it keeps freed blocks, so
 the next array of that size faults no pages in; and only processes stepscope owns get it.
 
 Counted in page faults (getrusage), not time: each probe runs in a fresh interpreter.
@@ -24,7 +24,7 @@ glibc = pytest.mark.skipif(not sys.platform.startswith("linux")
 _CHURN = """
 import resource, sys
 import numpy as np
-from stepscope._alloc import tune_for_bulk
+from stepscope.proc.alloc import tune_for_bulk
 if sys.argv[1] == "tuned":
     assert tune_for_bulk() and tune_for_bulk()
 # 4 KB pages in both arms (tuning turns numpy's huge-page requests off; a 2 MB page is
@@ -72,7 +72,7 @@ except ImportError:
     from numpy.core.multiarray import _set_madvise_hugepage
 if sys.argv[1] != "numpy":  # "numpy": numpy's own default, stepscope never imported
     import stepscope
-    from stepscope import _alloc
+    from stepscope.proc import alloc as _alloc
     from stepscope.cli import cli  # the CLI module too: importing it tunes nothing
 if sys.argv[1] == "tuned":
     _alloc.tune_for_bulk()
@@ -95,7 +95,8 @@ _WHO_TUNES = """
 import sys
 import click
 import stepscope
-from stepscope import RunDir, _alloc
+from stepscope import RunDir
+from stepscope.proc import alloc as _alloc
 from stepscope.cli import cli
 seen = [_alloc._done]
 RunDir(sys.argv[1]).read_steps(cache=False, processes=2)  # workers tune, not this process
@@ -123,7 +124,7 @@ def test_only_one_shot_commands_and_the_readers_workers_are_tuned(tmp_path: Path
 
 _WORKERS_TUNE = """
 import os, sys
-import stepscope._steps_table as steps_table
+import stepscope.rundir.steps_table as steps_table
 from stepscope import RunDir
 marks = sys.argv[2]
 

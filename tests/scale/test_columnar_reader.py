@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from stepscope import Recorder, RunDir, RunMeta
-from stepscope import _steps_decode as decode
+from stepscope.rundir import steps_decode as decode
 from stepscope.schema import StepTable
 from support.old_step_reader import assert_tables_equal, old_read_steps
 

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from stepscope import Recorder
 from stepscope.cli import _register, cli
-from stepscope.engine import map_items
 from stepscope.errors import ConfigError
-from stepscope.index import build_index, query_index
+from stepscope.proc.engine import map_items
+from stepscope.rundir.index import build_index, query_index
 from support.traces import cpu_step_events, thread_name, write_trace
 
 distributed = pytest.importorskip("distributed")

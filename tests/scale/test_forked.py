@@ -24,9 +24,10 @@ from click.testing import CliRunner
 
 import stepscope.cli.report as report_cli
 import stepscope.cli.sheet as sheet
-from stepscope import RunMeta, _forked
-from stepscope._forked import Forked
+from stepscope import RunMeta
 from stepscope.cli import cli
+from stepscope.proc import forked as _forked
+from stepscope.proc.forked import Forked
 from support.rundirs import run_from_columns
 
 _PARENT = os.getpid()
@@ -111,8 +112,8 @@ def test_no_fork_and_closing_without_a_result() -> None:
 _ORPHAN = """
 import os, sys, time
 sys.path[:0] = sys.argv[1:2]
-from stepscope import _forked
-from stepscope._forked import Forked
+from stepscope.proc import forked as _forked
+from stepscope.proc.forked import Forked
 job = Forked(time.sleep, 600)
 print(job._proc.pid, flush=True)
 os._exit(0)  # dies without asking for the result: no cleanup runs

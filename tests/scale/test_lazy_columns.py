@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from stepscope import RunDir, RunMeta
-from stepscope._steps_lazy import _Deferred
+from stepscope.rundir.steps_lazy import _Deferred
 from stepscope.schema import _is_never_recorded
 from support.old_step_reader import assert_tables_equal
 
@@ -76,7 +76,7 @@ def test_a_segment_np_save_wrote_is_opened_without_parsing_its_header(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The header is compared with the bytes np.save writes for the manifest's shape; no
     literal_eval of 1,024 headers a run (parsing is for headers written otherwise)."""
-    from stepscope import _steps_lazy
+    from stepscope.rundir import steps_lazy as _steps_lazy
 
     run = _run(tmp_path)
     cold, _ = run.read_steps(cache=False)
@@ -110,9 +110,9 @@ def test_columns_dropped_over_the_budget_are_read_again_equal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With room for one column at a time every access reads again: the table and the
     analyses over it are those of the eager read."""
-    from stepscope import _steps_lazy
     from stepscope.analysis.diagnose import diagnose
     from stepscope.analysis.summary import summarize
+    from stepscope.rundir import steps_lazy as _steps_lazy
 
     run = _run(tmp_path, ranks=4, steps=120)
     cold, _ = run.read_steps(cache=False)
@@ -130,7 +130,7 @@ def test_the_bound_on_columns_held_is_one_for_every_table_of_the_process(
     """compare holds two runs' tables: together they keep at most the bound (plus the
     column just read), the least recently used column of either is dropped first, and a
     dropped column reads again equal."""
-    from stepscope import _steps_lazy
+    from stepscope.rundir import steps_lazy as _steps_lazy
 
     runs = [_run(tmp_path / name, ranks=4, steps=120) for name in ("a", "b")]
     colds = [r.read_steps(cache=False)[0] for r in runs]

@@ -17,14 +17,15 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-import stepscope._steps_table as steps_table
 import stepscope.cli.compare as compare_cli
-from stepscope import RunDir, RunMeta, _forked
+import stepscope.rundir.steps_table as steps_table
+from stepscope import RunDir, RunMeta
 from stepscope.analysis.compare import speed
 from stepscope.analysis.compare.runs import compare_runs
 from stepscope.cli import cli
 from stepscope.cli.common import PendingSteps
 from stepscope.errors import StepscopeError
+from stepscope.proc import forked as _forked
 from support.old_step_reader import assert_tables_equal
 from support.rundirs import run_from_columns
 

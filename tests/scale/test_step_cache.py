@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from stepscope import Recorder, RunDir, RunMeta
-from stepscope import _steps_cache as cache
+from stepscope.rundir import steps_cache as cache
 from support.disk import small_tmpfs
 from support.old_step_reader import assert_tables_equal
 

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from stepscope import RunDir, RunMeta
-from stepscope._summary_store import Stored
+from stepscope.rundir.results import Stored
 from support.rundirs import run_from_columns
 
 _RANKS, _STEPS = 4, 300
@@ -203,7 +203,7 @@ def test_put_refused_when_the_files_changed_meanwhile(runs: tuple[Path, Path]) -
 
 def test_index_reads_the_stored_sheet_and_recomputes_a_changed_run(
         runs: tuple[Path, Path], tmp_path: Path) -> None:
-    from stepscope.index import build_index, query_index
+    from stepscope.rundir.index import build_index, query_index
 
     def rows(db: Path) -> list[dict[str, object]]:
         build_index(tmp_path, db)

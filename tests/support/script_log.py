@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stepscope.rundir.store import RunDir
 from stepscope.schema import StepTable
-from stepscope.store import RunDir
 from support.torch_run import BIN, stepscope_run
 
 THIRDPARTY_SCRIPTS = Path(__file__).resolve().parents[1] / "thirdparty" / "scripts"

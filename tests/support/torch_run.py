@@ -44,7 +44,7 @@ GIVEN_PEAK_TFLOPS = "0.5"
 
 
 def host_peak_known() -> bool:
-    from stepscope.envinfo import cpu_peak_here
+    from stepscope.record.host import cpu_peak_here
 
     return cpu_peak_here("fp32")[0] is not None
 

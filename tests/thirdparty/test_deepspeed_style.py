@@ -24,8 +24,8 @@ pytestmark = pytest.mark.xdist_group("torch_run")
 def _run(tmp: object, stage: int) -> tuple[ScriptRun, dict[tuple[int, int], dict]]:
     from pathlib import Path
 
+    from stepscope.rundir.store import RunDir
     from stepscope.schema import StepTable
-    from stepscope.store import RunDir
 
     out = Path(str(tmp)) / f"zero{stage}"
     proc = stepscope_run(out, str(BIN / "torchrun"), "--nproc_per_node", "2",

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.rundir.store import RunDir
 from stepscope.schema import StepTable
-from stepscope.store import RunDir
 from support.script_log import (
     THIRDPARTY_SCRIPTS,
     ScriptRun,

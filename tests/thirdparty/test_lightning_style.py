@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.script_log import (
     ScriptRun,
     assert_between_steps_apart,

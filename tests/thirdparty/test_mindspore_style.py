@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.launch import NOT_ATTACHED_EXIT
-from stepscope.store import RunDir
+from stepscope.launcher.instrument import NOT_ATTACHED_EXIT
+from stepscope.rundir.store import RunDir
 from support.script_log import THIRDPARTY_SCRIPTS, ScriptRun, printed, run_under_stepscope
 from support.torch_run import BIN, stepscope_run
 

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.script_log import (
     ScriptRun,
     assert_between_steps_apart,

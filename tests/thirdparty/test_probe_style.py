@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.script_log import ScriptRun, run_under_stepscope
 
 pytestmark = pytest.mark.xdist_group("torch_run")

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from stepscope.integrations.torch import between
-from stepscope.integrations.torch.values import StepData
-from stepscope.store import RunDir
+from stepscope.integrations.torch.readers import StepData
+from stepscope.rundir.store import RunDir
 from support.script_log import ScriptRun, assert_no_warning, run_under_stepscope
 
 pytestmark = pytest.mark.xdist_group("torch_run")

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from stepscope.rundir.store import RunDir
 from stepscope.schema import EVENT_KINDS, EventTable
-from stepscope.store import RunDir
 from stepscope.traces import mindspore as msr
 from stepscope.traces.mindspore_phases import PHASE_NAMES, phase_busy_us
 

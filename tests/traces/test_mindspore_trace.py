@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepscope.crossrank import cross_rank_event, straggler_scores, stragglers
 from stepscope.errors import TraceFormatError
-from stepscope.losscheck import LossWatch, find_loss
+from stepscope.record.crossrank import cross_rank_event, straggler_scores, stragglers
+from stepscope.record.losscheck import LossWatch, find_loss
 from stepscope.schema import EVENT_KINDS, EventTable
 from stepscope.traces import mindspore as msr
 from stepscope.traces.mindspore_phases import PHASE_NAMES, annotate, op_phase, phase_busy_us

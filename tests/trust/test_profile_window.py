@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepscope.store import RunDir
+from stepscope.rundir.store import RunDir
 from support.browser import embedded, offline_page
 from support.torch_run import python_script, stepscope_run
 

@@ -118,7 +118,7 @@ def test_extra_compute_interleaved_is_slower(tmp_path: Path) -> None:
     host's load hits both alike: the verdict must be `slower`, whatever else runs."""
     import stepscope
     from stepscope.analysis.compare.runs import compare_runs
-    from stepscope.store import RunDir
+    from stepscope.rundir.store import RunDir
 
     rng = np.random.default_rng(0)
     m = rng.standard_normal((256, 256)) / 16.0

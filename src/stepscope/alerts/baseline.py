@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..analysis.summary import summarize
 from ..errors import StepscopeError
-from ..store import RunDir
+from ..rundir.store import RunDir
 
 __all__ = ["baseline_numbers"]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.health.config import HealthConfig
-from ..store import CONDITIONS_DIR, RunDir
+from ..rundir.store import CONDITIONS_DIR, RunDir
 from .config import RulesConfig
 from .model import Alert, Severity
 from .ranks import StragglerRule

@@ -20,9 +20,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .._live_env import ALERTS_ENV
 from ..errors import StepscopeError
-from ..store import RunDir
+from ..record.plug_env import ALERTS_ENV
+from ..rundir.store import RunDir
 from .config import AlertsConfig, load_alerts_config
 from .delivery import CLOSE_WAIT_S, Dispatcher
 from .metrics import MetricsExporter, flops_from_meta

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..store import RunDir
+from ..rundir.store import RunDir
 from .config import AlertsConfig, SinkConfig, load_alerts_config
 from .delivery import PENDING, PENDING_TYPE, Dispatcher
 from .follow import pid_state

@@ -27,10 +27,10 @@ from typing import Any
 
 from ..analysis.health.config import HealthConfig
 from .config import RulesConfig
-from .environment import EnvironmentRule
+from .env_rules import EnvironmentRule
 from .memory import MemoryTrend
 from .model import Alert, Severity
-from .values import RollingMedian, record_value
+from .rolling import RollingMedian, record_value
 
 __all__ = ["LiveRules", "RollingMedian", "record_value"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunDirError
-from ..store import RunDir, is_run_dir
+from ..rundir.store import RunDir, is_run_dir
 from .config import AlertsConfig
 from .delivery import Dispatcher
 from .follow import RunWatcher

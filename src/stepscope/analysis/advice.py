@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..calc.memory import estimate_memory
+from ..findings import Finding
 from ..schema import RunMeta
-from .findings import Finding
 
 __all__ = ["Advice", "STAGES", "advise"]
 

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from .._fastnp import nansum
+from ..findings import CATEGORIES, Finding, severity_rank
 from ..schema import RunMeta, StepTable
 from .advice import Advice, advise
-from .environment import environment_findings, profiler_steps
-from .findings import CATEGORIES, Finding, severity_rank
+from .env_evidence import environment_findings, profiler_steps
 from .health.check import RULES, HealthConfig, check_health
 from .isolation import ISOLATION_EVENT, IsolationResult, isolation_finding
 from .op_findings import op_findings

@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from ..findings import Finding
 from ..schema import StepTable
-from .environment import condition_differences, cpu_share
-from .findings import Finding
+from .env_evidence import condition_differences, cpu_share
 from .summary import Conditions, steady_mask
 
 __all__ = ["IsolationConfig", "IsolationResult", "data_isolation_verdict",

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .findings import Finding
+from ..findings import Finding
 
 __all__ = ["op_findings", "op_family", "OP_SHARE_WARN_PCT", "OP_FAMILIES"]
 

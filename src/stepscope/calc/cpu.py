@@ -1,7 +1,7 @@
 """Peak FLOP/s of this machine's CPU, for MFU on CPU: only where it can be defended.
 
 peak = cores x FLOP/cycle/core x clock, from host facts the caller passes in (a pure module:
-:func:`stepscope.envinfo.cpu_facts` reads them; the CLI and the adapters resolve "cpu"), where
+:func:`stepscope.record.host.cpu_facts` reads them; the CLI and the adapters resolve "cpu"), where
 
 * FLOP/cycle/core = FMA units x SIMD lanes x 2 (an FMA is a multiply and an add). It is
   known per microarchitecture, which is identified from the vendor's CPUID family/model (the
@@ -88,7 +88,7 @@ _MICROARCHS = (
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """Host facts the peak needs (read at the edge: :func:`stepscope.envinfo.cpu_facts`).
+    """Host facts the peak needs (read at the edge: :func:`stepscope.record.host.cpu_facts`).
 
     ``cpus``: logical CPUs the process may run on (sched_getaffinity).
     """

@@ -11,7 +11,7 @@ Names are matched as frameworks report them: ``torch.cuda.get_device_name()`` ("
 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB", "AMD Instinct MI300X"),
 ``torch_npu``/MindSpore/``npu-smi`` ("Ascend910B2"), JAX/torch_xla device kinds ("TPU v5
 lite"). CPU peaks depend on the microarchitecture and clock of the machine: see
-:mod:`stepscope.calc.cpu` (pure, from host facts) and :func:`stepscope.envinfo.cpu_peak_here`
+:mod:`stepscope.calc.cpu` (pure, from host facts) and :func:`stepscope.record.host.cpu_peak_here`
 (which reads them); "cpu" is resolved there, never here.
 
 Example::
@@ -306,12 +306,12 @@ def require_peak(device_name: str, dtype: str = "bf16") -> PeakEntry:
     """:func:`lookup_peak` that raises :class:`UnknownDeviceError` with the explanation.
 
     "cpu" needs this host's facts: the caller resolves it with
-    :func:`stepscope.envinfo.cpu_peak_here` (a pure calculator reads no /proc).
+    :func:`stepscope.record.host.cpu_peak_here` (a pure calculator reads no /proc).
     """
     if is_host_cpu(device_name):
         raise UnknownDeviceError("the 'cpu' peak depends on this host (microarchitecture, "
                                  "clock, cores): resolve it with "
-                                 "stepscope.envinfo.cpu_peak_here(), or pass --peak-tflops")
+                                 "stepscope.record.host.cpu_peak_here(), or pass --peak-tflops")
     entry = lookup_peak(device_name, dtype)
     if entry is None:
         raise UnknownDeviceError(explain_miss(device_name, dtype))

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import click
 
 from .. import __version__
-from .._alloc import tune_for_bulk
 from ..errors import StepscopeError
+from ..proc.alloc import tune_for_bulk
 
 __all__ = ["main", "cli", "COMMANDS", "BULK_COMMANDS"]
 
@@ -62,7 +62,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # One-shot commands that read whole runs into columns: their process's allocator keeps freed
-# blocks for reuse (stepscope._alloc). Not the long-running ones (serve, watch) and not
+# blocks for reuse (stepscope.proc.alloc). Not the long-running ones (serve, watch) and not
 # `run`, which hosts the training process.
 BULK_COMMANDS = frozenset({"report", "diagnose", "compare", "index", "scaling", "trace",
                            "export"})

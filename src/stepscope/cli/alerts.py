@@ -15,7 +15,7 @@ import sys
 import click
 
 from ..alerts import load_alerts_config, send_test_message
-from ..store import RunDir
+from ..rundir.store import RunDir
 from . import cli
 
 

@@ -197,7 +197,7 @@ def _peak(kw: dict[str, Any]) -> PeakEntry:
                           "prints it, or 'cpu') or --peak-tflops P; drop the throughput for "
                           "FLOPs only")
     if is_host_cpu(kw["device"]):
-        from ..envinfo import cpu_peak_here
+        from ..record.host import cpu_peak_here
 
         clock = kw["cpu_clock_ghz"] * 1e3 if kw["cpu_clock_ghz"] else None
         entry, why = cpu_peak_here(normalize_dtype(kw["dtype"]), kw["cores"], clock)

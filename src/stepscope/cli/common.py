@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 
 from ..errors import StepscopeError
+from ..rundir.store import EVENTS_JSONL, STEPS_DIR, ReadStats, RunDir
 from ..schema import RunMeta, StepTable
-from ..store import EVENTS_JSONL, STEPS_DIR, ReadStats, RunDir
 
 __all__ = ["emit_json", "RunSteps", "load_steps", "PendingSteps", "no_records_error",
            "note_event_problems"]

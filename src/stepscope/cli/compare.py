@@ -19,17 +19,17 @@ from typing import Any
 import click
 import orjson
 
-from .. import _forked
-from .._summary_store import Stored
 from ..analysis.compare.quality import eval_record
 from ..analysis.compare.runs import Comparison, compare_runs, diff_fingerprints
-from ..analysis.compare.scaling import scaling
+from ..analysis.compare.scaling_efficiency import scaling
 from ..analysis.compare.speed import kept_run_speeds, prepare_speed
-from ..engine import ENGINES
 from ..errors import ConfigError
-from ..index import INDEX_FILE, best_config, build_index, query_index
+from ..proc import forked as _forked
+from ..proc.engine import ENGINES
+from ..rundir.index import INDEX_FILE, best_config, build_index, query_index
+from ..rundir.results import Stored
+from ..rundir.store import RunDir
 from ..schema import RunMeta, StepTable
-from ..store import RunDir
 from . import cli
 from .common import PendingSteps, RunSteps, emit_json, load_steps
 

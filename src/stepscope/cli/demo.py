@@ -15,7 +15,7 @@ from rich.console import Console
 
 from ..errors import ConfigError
 from ..report.terminal import render_sheet
-from ..store import RunDir, utc_stamp
+from ..rundir.store import RunDir, utc_stamp
 from . import cli
 from .common import emit_json
 from .demo_story import isolation_story

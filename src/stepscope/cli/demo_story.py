@@ -18,7 +18,7 @@ from rich.console import Console
 from ..analysis.advice import advise
 from ..analysis.isolation import ISOLATION_EVENT, data_isolation_verdict, isolation_finding
 from ..report.fmt import fmt_num, fmt_pct
-from ..store import RunDir
+from ..rundir.store import RunDir
 from .demo_train import train_demo
 from .sheet import LoadedRun
 

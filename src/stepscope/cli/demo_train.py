@@ -16,8 +16,8 @@ from ..analysis.summary import run_mfu, summarize
 from ..errors import ConfigError
 from ..report.fmt import fmt_num, fmt_pct
 from ..report.regimes_view import headline_note
+from ..rundir.store import RunDir
 from ..schema import RunMeta
-from ..store import RunDir
 
 __all__ = ["train_demo"]
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import click
 
-from .._summary_store import Stored
 from ..analysis.diagnose import Diagnosis, diagnose, records_lost
 from ..analysis.isolation import (
     ISOLATION_EVENT,
@@ -29,8 +28,9 @@ from ..analysis.isolation import (
     data_isolation_verdict,
 )
 from ..errors import StepscopeError
+from ..rundir.results import Stored
+from ..rundir.store import ReadStats, RunDir, utc_stamp
 from ..schema import StepTable
-from ..store import ReadStats, RunDir, utc_stamp
 from . import cli
 from .common import emit_json, load_steps, no_records_error, note_event_problems
 

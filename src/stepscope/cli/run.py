@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from ..supervise import DEFAULT_GRACE_S
+from ..launcher.supervise import DEFAULT_GRACE_S
 from . import cli
 from .common import emit_json
 
@@ -90,7 +90,7 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
     stepscope could attach to (the message says what it looked for). Then RUN/report.html
     is written, bounded in time; it never changes the exit status.
     """
-    from ..launch import launch
+    from ..launcher.instrument import launch
 
     env: dict[str, str] = {}
     if max_steps:
@@ -113,14 +113,14 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
 
         env[PEAK_ENV] = repr(peak_tflops)
     if alerts_file or metrics_port is not None or os.environ.get("STEPSCOPE_ALERTS"):
-        from ..alerts.launch import live_env  # start-up time: only when alerts are asked for
+        from ..alerts.run_hooks import live_env  # start-up time: only when alerts are asked for
 
         env.update(live_env(alerts_file, metrics_port))
     env.update(_export_env(tensorboard_dir, mlflow_uri, mlflow_experiment))
     outcome = launch(list(command), out, name=name, profile_steps=profile_steps, env=env,
                      grace_s=grace_s)
     if env.get("STEPSCOPE_ALERTS"):  # the launcher outlives a killed trainer: send its rest
-        from ..alerts.launch import flush_after_run
+        from ..alerts.run_hooks import flush_after_run
 
         flush_after_run(outcome.run_dir, env["STEPSCOPE_ALERTS"])
     if outcome.profile_dir is not None:  # analysed here: never in the launcher or trainer
@@ -154,7 +154,7 @@ def _export_env(tensorboard_dir: str | None, mlflow_uri: str | None,
                 experiment: str) -> dict[str, str]:
     """The live export's variables for the children; a missing library is an error here,
     before training starts, not a warning inside it."""
-    from .._live_env import MLFLOW_ENV, MLFLOW_EXPERIMENT_ENV, TENSORBOARD_ENV
+    from ..record.plug_env import MLFLOW_ENV, MLFLOW_EXPERIMENT_ENV, TENSORBOARD_ENV
     from ..report.export import require_library
 
     env: dict[str, str] = {}
@@ -172,7 +172,7 @@ def _analyze_profile(run_dir: Path, prof_dir: Path, steps: str | None) -> dict[s
     """The trace analysis of the captured per-rank traces, written beside the capture
     (``profiles/<stamp>.analysis.json``) and recorded as a ``profile`` event."""
     from ..analysis.trace.breakdown import analyze  # heavy: only when a profile was taken
-    from ..store import RunDir
+    from ..rundir.store import RunDir
     from ..traces import read_trace
 
     run = RunDir(run_dir)

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 
 from ..report.fmt import fmt_bytes
-from ..store import RunDir
+from ..rundir.store import RunDir
 
 __all__ = ["write_after_run", "HTML_TIMEOUT_S", "HTML_MAX_BYTES"]
 

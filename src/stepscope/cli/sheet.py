@@ -6,18 +6,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import _forked
-from .._forked import Forked
-from .._summary_store import Stored
 from ..analysis.diagnose import diagnose, health_findings, records_lost
-from ..analysis.findings import Finding, severity_rank
 from ..analysis.flopsconv import with_flops_convention
 from ..analysis.profile_split import wants_profile, with_profile_split
 from ..analysis.summary import Sheet, summarize
+from ..findings import Finding, severity_rank
+from ..proc import forked as _forked
+from ..proc.forked import Forked
 from ..report.offline import render_offline
 from ..report.serve_data import latest_profile, run_doc, series_doc
+from ..rundir.results import Stored
+from ..rundir.store import ReadStats, RunDir
 from ..schema import RunMeta, StepTable
-from ..store import ReadStats, RunDir
 from .common import load_steps, note_event_problems
 
 __all__ = ["LoadedRun", "load_run", "write_html", "sheet_json"]

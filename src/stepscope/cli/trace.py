@@ -21,10 +21,10 @@ import click
 
 from .._ranges import parse_step_range
 from ..analysis.trace.breakdown import analyze
-from ..engine import ENGINES
 from ..errors import RunDirError
+from ..proc.engine import ENGINES
+from ..rundir.store import RunDir, is_run_dir
 from ..schema import EventTable
-from ..store import RunDir, is_run_dir
 from ..traces import read_trace
 from . import cli
 from .common import emit_json

@@ -47,19 +47,19 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..session import StepSession
-from ..store import RunDir
+from ..record.session import StepSession
+from ..rundir.store import RunDir
 from . import evals
 from .torch import auto as torch_auto
 from .torch.callback import ClipNorms, Losses, default_run_dir, open_session, run_meta
 from .torch.probes import batch_counts, grad_norm
-from .torch.values import call_kwargs
+from .torch.readers import call_kwargs
 
 __all__ = ["StepscopeCallback"]
 
 
 class StepscopeCallback(TrainerCallback):
-    """Feeds a :class:`~stepscope.session.StepSession` from Trainer events (module doc)."""
+    """Feeds a :class:`~stepscope.record.session.StepSession` from Trainer events (module doc)."""
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, name: str = "",
                  alerts: str | os.PathLike[str] | None = None) -> None:

@@ -38,8 +38,8 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from ..session import StepSession
-from ..store import RunDir
+from ..record.session import StepSession
+from ..rundir.store import RunDir
 from . import evals
 from .torch import auto as torch_auto
 from .torch.callback import Losses, default_run_dir, open_session, run_meta
@@ -53,7 +53,7 @@ _PRECISION = {"32-true": "fp32", "32": "fp32", "64-true": "fp64", "bf16-mixed": 
 
 
 class StepscopeCallback(Callback):
-    """Feeds a :class:`~stepscope.session.StepSession` from Lightning hooks (module doc)."""
+    """Feeds a :class:`~stepscope.record.session.StepSession` from Lightning hooks (module doc)."""
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, name: str = "",
                  alerts: str | os.PathLike[str] | None = None) -> None:

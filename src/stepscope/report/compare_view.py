@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.compare.runs import Comparison
-from ..analysis.compare.scaling import ScalingResult
+from ..analysis.compare.scaling_efficiency import ScalingResult
 from .fmt import fmt_bytes, fmt_num, fmt_pct
 from .markdown_tables import INDEX_MD_COLUMNS, config_label, fmt_cell
 

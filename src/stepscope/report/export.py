@@ -31,10 +31,10 @@ from typing import Any
 
 import orjson
 
-from ..analysis.findings import Finding
 from ..analysis.series import MAX_RANK_SERIES, by_step, step_series
 from ..analysis.summary import Sheet
 from ..errors import ConfigError
+from ..findings import Finding
 from ..schema import AnyArray, RunMeta, StepTable
 
 __all__ = ["TARGETS", "Exported", "step_series", "export_run", "export_table", "require_library",

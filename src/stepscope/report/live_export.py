@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from .._live_env import MLFLOW_ENV, MLFLOW_EXPERIMENT_ENV, TENSORBOARD_ENV
 from ..analysis.series import MAX_RANK_SERIES, step_series
+from ..record.plug_env import MLFLOW_ENV, MLFLOW_EXPERIMENT_ENV, TENSORBOARD_ENV
 from ..schema import AnyArray, StepTable
 from .export import baseline_params, mlflow_status, require_library
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..analysis.compare.runs import Comparison
-from ..analysis.compare.scaling import ScalingResult
+from ..analysis.compare.scaling_efficiency import ScalingResult
 from .fmt import fmt_bytes, fmt_num, fmt_pct
 
 __all__ = ["md_table", "md_escape", "comparison_markdown", "index_markdown",

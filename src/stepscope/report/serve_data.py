@@ -28,14 +28,14 @@ import orjson
 
 from ..analysis.compare import compare_runs
 from ..analysis.diagnose import diagnose
-from ..analysis.findings import Finding
 from ..analysis.series import by_step, envelope, phase_stack, rank_heatmap, step_series
 from ..analysis.step_grid import step_grid
 from ..analysis.summary import Sheet
 from ..errors import RunDirError, StepscopeError
-from ..index import INDEX_FILE, stored_sheet
+from ..findings import Finding
+from ..rundir.index import INDEX_FILE, stored_sheet
+from ..rundir.store import ReadStats, RunDir
 from ..schema import AnyArray, RunMeta, StepTable
-from ..store import ReadStats, RunDir
 from .fleet import fleet_matrix, slowest_ranks
 from .regimes_view import sheet_text
 from .serve_index import RunList

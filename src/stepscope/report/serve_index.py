@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StepscopeError
-from ..index import INDEX_FILE, _walk, build_index, query_index
-from ..store import RunDir
+from ..rundir.index import INDEX_FILE, _walk, build_index, query_index
+from ..rundir.store import RunDir
 
 __all__ = ["RunList", "background_priority"]
 

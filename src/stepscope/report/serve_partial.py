@@ -26,13 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._steps_cache import uncached_bytes
-from .._steps_sample import sample_step_files
-from .._summary_store import Stored
 from ..analysis.summary import Sheet, summarize
 from ..errors import StepscopeError
+from ..rundir.results import Stored
+from ..rundir.steps_cache import uncached_bytes
+from ..rundir.steps_sample import sample_step_files
+from ..rundir.store import STEPS_DIR, RunDir
 from ..schema import RunMeta, StepTable
-from ..store import STEPS_DIR, RunDir
 
 __all__ = ["Samples", "Partial", "PARTIAL_BYTES", "SAMPLE_BYTES"]
 

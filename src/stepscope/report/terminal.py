@@ -17,8 +17,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.findings import Finding
 from ..analysis.summary import Sheet
+from ..findings import Finding
 from ..schema import RunMeta
 from .fmt import fmt_bytes, fmt_num, fmt_pct
 from .regimes_view import REGIME_HEADER, conditions_line, headline_note, regime_rows

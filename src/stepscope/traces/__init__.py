@@ -21,8 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
-from ..engine import map_items
 from ..errors import TraceFormatError
+from ..proc.engine import map_items
 from ..schema import EventTable
 from . import kineto
 
@@ -158,7 +158,7 @@ def read_trace(path_or_paths: str | Path | Sequence[str | Path], *,
     ``processes``: worker processes for per-rank files (default: min(files, CPUs); 1 = serial).
     ``engine``: ``local`` (this machine's processes) or ``dask`` (each file a task on a Dask
     distributed cluster: a new local one, or the one at ``scheduler``; see
-    :mod:`stepscope.engine`). The tables are this function's result, so the dask engine
+    :mod:`stepscope.proc.engine`). The tables are this function's result, so the dask engine
     brings them to the caller; to analyse 1,000+ ranks without that, use
     :func:`stepscope.analysis.trace.distributed.analyze_on_workers` (what ``stepscope trace
     --engine dask`` and ``trace diff --engine dask`` run), which gathers one small result

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...schema import BASELINE_FIELDS, ENVIRONMENT_FIELDS, RunMeta, StepTable
-from ..environment import ConditionDiff, condition_differences
+from ..env_evidence import ConditionDiff, condition_differences
 from ..summary import Conditions
 from .quality import EVAL_TOLERANCE_REL, QualityLedger, quality_ledger
 from .speed import MIN_EFFECT_REL, N_BOOT, SpeedLedger, mark_inconclusive, speed_ledger

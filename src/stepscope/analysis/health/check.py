@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ...findings import Finding, severity_rank
 from ...schema import RunMeta, StepTable
-from ..findings import Finding, severity_rank
 from ..summary import steady_mask
 from .config import HealthConfig, HealthContext
 from .numerics import (

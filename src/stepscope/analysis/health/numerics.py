@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...findings import Finding
 from ...schema import AnyArray, StepTable
-from ..findings import Finding
 from .config import HealthContext
 from .stats import (
     by_rank,

@@ -15,9 +15,9 @@ import warnings
 import numpy as np
 
 from ..._fastnp import unique_ints
+from ...findings import Finding
 from ...schema import BETWEEN_STEP_COLUMNS, AnyArray, StepTable
 from .._groups import Groups
-from ..findings import Finding
 from ..regimes import host_took_cpu
 from .config import HealthContext, straggler_scores
 from .stats import by_rank, rank_series

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..._fastnp import nansum
+from ...findings import Finding
 from ...schema import AnyArray, StepTable
 from .._groups import Groups
-from ..findings import Finding
 from .config import HealthConfig, HealthContext
 from .screens import creep_suspects, throughput_suspects
 from .stats import (

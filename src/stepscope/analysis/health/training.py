@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..._fastnp import unique_ints
+from ...findings import Finding
 from ...schema import AnyArray
-from ..findings import Finding
 from .config import HealthContext
 from .stats import first_rank_with, rank_series
 

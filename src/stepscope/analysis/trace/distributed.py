@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ...engine import dask_client
 from ...errors import TraceFormatError
+from ...proc.engine import dask_client
 from ...schema import EventTable
 from ...traces import expand_trace_paths, kineto, read_mindspore_dir
 from .breakdown import Plan, RankPart, TraceReport, combine_parts, plan_analysis, rank_part

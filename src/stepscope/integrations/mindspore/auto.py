@@ -43,8 +43,8 @@ from typing import Any
 import mindspore as ms
 from mindspore import nn
 
-from ...sigterm import install_sigterm_finaliser
-from ...store import RunDir
+from ...record.signals import install_sigterm_finaliser
+from ...rundir.store import RunDir
 from ..torch.settings import Settings
 from .callback import StepscopeCallback, crash_event, make_session
 from .loopstate import LOOKED_FOR, LoopState
@@ -393,7 +393,7 @@ def _check_model(st: LoopState, bound: inspect.BoundArguments) -> None:
     """Before MindSpore builds the train cell (which may raise on the device's rules)."""
     manager = bound.arguments.get("kwargs", {}).get("loss_scale_manager")
     opt = bound.arguments.get("optimizer")
-    from .scaling import loss_scale_findings
+    from .loss_scale import loss_scale_findings
 
     rank = rank_and_world()[0]
     for f in loss_scale_findings(manager, opt, str(ms.get_context("device_target")), rank):

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ...session import StepSession
+from ...record.session import StepSession
 from .flopcount import FlopCount, count_call, flops_fields
 from .probes import batch_counts
 

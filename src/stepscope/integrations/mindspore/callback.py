@@ -33,14 +33,15 @@ from typing import Any, TypeVar
 import mindspore as ms
 from mindspore.train import Callback
 
-from ...analysis.findings import Finding
-from ...losscheck import ambiguous_loss, find_loss
-from ...recorder import Recorder
-from ...session import StepSession
+from ...findings import Finding
+from ...record.losscheck import ambiguous_loss, find_loss
+from ...record.recorder import Recorder
+from ...record.session import StepSession
 from . import autoflops
+from .async_reads import BatchCounter, LrReader, shared_sampler
 from .autoflops import forward_of_model
-from .batched import StepBatch, UsageFeed
-from .cheap import BatchCounter, LrReader, shared_sampler
+from .deferred import StepBatch, UsageFeed
+from .loss_scale import ScaleWatch, loss_scale_findings
 from .probes import (
     MEM_SOURCE,
     batch_counts,
@@ -56,7 +57,6 @@ from .probes import (
     to_float,
 )
 from .profile import ProfileCapture
-from .scaling import ScaleWatch, loss_scale_findings
 
 __all__ = [
     "StepscopeCallback", "environment", "device_info", "model_fingerprint",

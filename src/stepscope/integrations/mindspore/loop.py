@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from ...recorder import Recorder
-from ...session import StepSession
+from ...record.recorder import Recorder
+from ...record.session import StepSession
+from .async_reads import LrReader
 from .callback import _with_config, crash_event, make_session
-from .cheap import LrReader
+from .loss_scale import ScaleWatch
 from .probes import batch_counts, execution_mode, function_modes, grad_norm, to_float
-from .scaling import ScaleWatch
 
 __all__ = ["LoopRecorder"]
 

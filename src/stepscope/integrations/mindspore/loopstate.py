@@ -34,11 +34,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ...losscheck import ambiguous_loss, find_loss
-from ...session import StepSession
+from ...record.losscheck import ambiguous_loss, find_loss
+from ...record.session import StepSession
 from ..torch.settings import Settings
+from .loss_scale import ScaleWatch
 from .probes import batch_counts, grad_norm, loss_scale, optimizer_lr, to_float
-from .scaling import ScaleWatch
 
 __all__ = ["LoopState", "LOOKED_FOR"]
 

@@ -2,7 +2,7 @@
 
 Everything here reads the framework (``mindspore`` is imported) and returns numbers,
 strings or dicts; :mod:`.callback` feeds them to the core's
-:class:`~stepscope.session.StepSession`.
+:class:`~stepscope.record.session.StepSession`.
 
 Example::
 
@@ -20,7 +20,7 @@ from typing import Any
 import mindspore as ms
 
 from ...calc import hardware
-from ...envinfo import code_version, cpu_model_name, cpu_peak_here, host_environment
+from ...record.host import code_version, cpu_model_name, cpu_peak_here, host_environment
 
 __all__ = [
     "environment", "device_info", "model_fingerprint", "optimizer_lr", "loss_scale",

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ...store import RunDir, utc_stamp
+from ...rundir.store import RunDir, utc_stamp
 from ...traces.mindspore_phases import MARKERS_FILE
 from .marks import PhaseMarks
 

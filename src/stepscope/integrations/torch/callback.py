@@ -1,7 +1,7 @@
 """What the Hugging Face and Lightning callbacks share: run.json content and the session.
 
 A framework callback sees events (step begin, forward done, before optimizer step, step
-end) rather than the loop itself; the core's :class:`~stepscope.session.StepSession` turns
+end) rather than the loop itself; the core's :class:`~stepscope.record.session.StepSession` turns
 those events into one step row (``begin``, ``mark``/``lap`` per phase, ``end``). Time between
 the previous step's end and this step's begin (the trainer fetching the next batches,
 logging, checkpointing) is recorded as ``data_wait_s``: it is the time the model waited, of
@@ -17,10 +17,11 @@ import os
 import weakref
 from typing import Any
 
-from ...recorder import Recorder
-from ...session import StepSession
-from ...store import utc_stamp
-from . import flopsrun, layout, meta
+from ...record.recorder import Recorder
+from ...record.session import StepSession
+from ...rundir.store import utc_stamp
+from . import fingerprint as meta
+from . import flopsrun, layout
 from .clipnorm import watch_clip_norms
 from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
 

@@ -14,8 +14,8 @@ Three pieces, all fed to :mod:`stepscope.integrations.torch.auto` (``stepscope r
   :func:`wait_transfer` (how much of a bucket's time was waiting for the slowest rank).
 * Cross-rank view: every N steps each rank publishes its medians and bucket marks
   (:func:`cross_vector`) through the run directory, never a collective (the core's
-  session and ``stepscope.crossrank.FileExchange``); :func:`cross_rank_summary` scores them
-  with the framework-free ``stepscope.crossrank`` (same ``cross_rank`` event as the
+  session and ``stepscope.record.crossrank.FileExchange``); :func:`cross_rank_summary` scores them
+  with the framework-free ``stepscope.record.crossrank`` (same ``cross_rank`` event as the
   MindSpore adapter) and adds the DDP wait/transfer split.
 
 Example::
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...crossrank import Rows, as_rows, cross_rank_event
+from ...record.crossrank import Rows, as_rows, cross_rank_event
 
 __all__ = [
     "CommStep",

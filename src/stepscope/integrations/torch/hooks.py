@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from ...sigterm import install_sigterm_finaliser
-from . import closure, ddp, loops, meta
+from ...record.signals import install_sigterm_finaliser
+from . import closure, ddp, loops
+from . import fingerprint as meta
 from .clipnorm import watch_clip_norms
 from .replay import Replay
 from .settings import Settings
@@ -317,7 +318,7 @@ def on_sigterm(st: AutoState) -> None:
 
     torchrun ends the surviving workers with SIGTERM when one fails; without this their
     last half second of records (the writer's flush interval) would be lost. A worker
-    blocked in a collective still dies at once (:mod:`stepscope.sigterm`: the close runs
+    blocked in a collective still dies at once (:mod:`stepscope.record.signals`: the close runs
     from a thread); a script's own SIGTERM handling is left alone.
     """
     install_sigterm_finaliser(lambda: st.close("failed", "terminated by SIGTERM"))

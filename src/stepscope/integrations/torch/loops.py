@@ -25,7 +25,7 @@ from typing import Any
 
 from . import between, closure, evalloss, firststep, frameworks
 from .probes import batch_counts
-from .values import call_kwargs, grad_norm_tensor
+from .readers import call_kwargs, grad_norm_tensor
 
 __all__ = ["install", "eval_mark", "eval_end", "loss_end", "wrap_closure", "manual_boundary"]
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...calc import hardware
-from ...envinfo import (
+from ...record.host import (
     code_version,
     cpu_model_name,
     cpu_peak_here,

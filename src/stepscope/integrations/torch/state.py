@@ -3,7 +3,7 @@
 The hooks in :mod:`.hooks` only call the ``on_*`` methods here. A step's numbers are
 accumulated in a :class:`~.values.StepData`; at the step boundary (the primary optimizer's
 post-hook) the whole step is handed, as measured, to the core's
-:class:`~stepscope.session.StepSession`. A half-finished step (e.g. evaluation after the
+:class:`~stepscope.record.session.StepSession`. A half-finished step (e.g. evaluation after the
 last optimizer step, or a crash) is therefore never written.
 
 What the process does besides timing (run.json, cross-rank, profiler, SIGTERM) lives in
@@ -26,14 +26,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ...rank import resolve_rank
-from ...recorder import Recorder
-from ...session import StepSession
+from ...record.rank import resolve_rank
+from ...record.recorder import Recorder
+from ...record.session import StepSession
 from . import accum, between, ddp, evalloss, firststep, flopcount, frameworks, layout, loops
 from .marks import PhaseMarks
 from .probes import MemProbe, batch_counts
-from .settings import Settings
-from .values import (
+from .readers import (
     StepData,
     call_kwargs,
     dist_rank,
@@ -43,6 +42,7 @@ from .values import (
     scale_of,
     shape_of,
 )
+from .settings import Settings
 
 _NAN = math.nan
 
