@@ -20,17 +20,21 @@ heavy: not even numpy until a recorder or a table is asked for.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import sys
+from importlib.abc import Loader, MetaPathFinder
+from importlib.machinery import ModuleSpec
+from importlib.util import spec_from_loader
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from typing import TYPE_CHECKING, Any  # noqa: E402
-
-from .errors import (  # noqa: E402
+from .errors import (
     ConfigError,
     RunDirError,
     StepscopeError,
     TraceFormatError,
     UnknownDeviceError,
 )
+from .version import __version__
 
 __all__ = [
     "__version__",
@@ -57,13 +61,13 @@ __all__ = [
 # the tables (numpy) wait for first use: `stepscope --help` and every other CLI start
 # import this package first, and the CLI's start-up is measured (benchmarks/cli_start.py).
 _LAZY = {
-    "Recorder": ("stepscope.recorder", "Recorder"),
-    "Step": ("stepscope.recorder", "Step"),
-    "RunDir": ("stepscope.store", "RunDir"),
+    "Recorder": ("stepscope.record.recorder", "Recorder"),
+    "Step": ("stepscope.record.recorder", "Step"),
+    "RunDir": ("stepscope.rundir.store", "RunDir"),
     "RunMeta": ("stepscope.schema", "RunMeta"),
     "StepTable": ("stepscope.schema", "StepTable"),
     "EventTable": ("stepscope.schema", "EventTable"),
-    "Finding": ("stepscope.analysis.findings", "Finding"),
+    "Finding": ("stepscope.findings", "Finding"),
     "summarize": ("stepscope.analysis.summary", "summarize"),
     "diagnose": ("stepscope.analysis.diagnose", "diagnose"),
     "compare_runs": ("stepscope.analysis.compare", "compare_runs"),
@@ -74,12 +78,12 @@ _LAZY = {
 if TYPE_CHECKING:
     from .analysis.compare.runs import compare_runs
     from .analysis.diagnose import diagnose
-    from .analysis.findings import Finding
     from .analysis.summary import summarize
     from .analysis.trace.breakdown import analyze as analyze_trace
-    from .recorder import Recorder, Step
+    from .findings import Finding
+    from .record.recorder import Recorder, Step
+    from .rundir.store import RunDir
     from .schema import EventTable, RunMeta, StepTable
-    from .store import RunDir
     from .traces import read_trace
 
 
@@ -96,3 +100,50 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+# Import paths of modules that moved, kept working for users' code (``import
+# stepscope.store``, ``from stepscope.recorder import Recorder``): the old name is the same
+# module object as the new one, loaded on first import of either.
+_MOVED = {
+    "stepscope.store": "stepscope.rundir.store",
+    "stepscope.index": "stepscope.rundir.index",
+    "stepscope.recorder": "stepscope.record.recorder",
+    "stepscope.session": "stepscope.record.session",
+    "stepscope.conditions": "stepscope.record.conditions",
+    "stepscope.crossrank": "stepscope.record.crossrank",
+    "stepscope.losscheck": "stepscope.record.losscheck",
+    "stepscope.rank": "stepscope.record.rank",
+    "stepscope.sigterm": "stepscope.record.signals",
+    "stepscope.envinfo": "stepscope.record.host",
+    "stepscope.isolate": "stepscope.record.isolate",
+    "stepscope.launch": "stepscope.launcher.instrument",
+    "stepscope.supervise": "stepscope.launcher.supervise",
+    "stepscope.engine": "stepscope.proc.engine",
+    "stepscope.analysis.findings": "stepscope.findings",
+    "stepscope.analysis.environment": "stepscope.analysis.env_evidence",
+    "stepscope.analysis.compare.scaling": "stepscope.analysis.compare.scaling_efficiency",
+    "stepscope.integrations.torch.values": "stepscope.integrations.torch.readers",
+    "stepscope.integrations.torch.meta": "stepscope.integrations.torch.fingerprint",
+    "stepscope.integrations.mindspore.scaling": "stepscope.integrations.mindspore.loss_scale",
+}
+
+
+class _MovedFinder(MetaPathFinder, Loader):
+    """Finds a moved module under its old name and hands back the module itself."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None
+                  ) -> ModuleSpec | None:
+        return spec_from_loader(fullname, self) if fullname in _MOVED else None
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        import importlib
+
+        return importlib.import_module(_MOVED[spec.name])
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass  # the new module ran when it was imported
+
+
+if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
+    sys.meta_path.append(_MovedFinder())

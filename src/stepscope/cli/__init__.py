@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import click
 
-from .. import __version__
 from ..errors import StepscopeError
 from ..proc.alloc import tune_for_bulk
+from ..version import __version__
 
 __all__ = ["main", "cli", "COMMANDS", "BULK_COMMANDS"]
 

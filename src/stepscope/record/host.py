@@ -19,9 +19,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..calc.cpu import CpuInfo, cpu_peak, parse_cpuinfo
 from ..calc.hardware import PeakEntry
+from ..version import __version__
 
 __all__ = ["host_environment", "code_version", "cpu_model_name", "process_memory_bytes",
            "allowed_cpus", "cpu_facts", "cpu_peak_here"]

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from .. import __version__
+from ..version import __version__
 
 __all__ = ["PageCache", "PAGES_DIR", "run_key"]
 
