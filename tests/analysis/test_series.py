@@ -58,8 +58,8 @@ def test_phase_stack_other_is_what_no_phase_explains() -> None:
 
 
 def test_a_one_step_spike_in_a_million_points_shows_at_every_zoom_level() -> None:
+    from stepscope.analysis.series import series_doc
     from stepscope.analysis.summary import summarize
-    from stepscope.report.serve_data import series_doc
     from stepscope.schema import RunMeta
 
     n, spike = 1_000_000, 654_321

@@ -13,11 +13,10 @@ import orjson
 import pytest
 
 from stepscope import RunDir, RunMeta
-from stepscope.analysis.series import by_step, phase_stack, rank_heatmap, step_series
+from stepscope.analysis.fleet import fleet_matrix, slowest_ranks
+from stepscope.analysis.series import by_step, phase_stack, rank_heatmap, series_doc, step_series
 from stepscope.analysis.step_grid import general_path, step_grid
 from stepscope.analysis.summary import summarize
-from stepscope.report.fleet import fleet_matrix, slowest_ranks
-from stepscope.report.serve_data import series_doc
 from stepscope.schema import AnyArray, StepTable
 
 # The sheet's summary of +-inf values warns; the values are there to be left out.

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from stepscope import RunDir, RunMeta, StepTable, summarize
+from stepscope.analysis.series import series_doc
 from stepscope.report.offline import OFFLINE_CSP, render_offline
-from stepscope.report.serve_data import run_doc, series_doc
+from stepscope.report.serve_data import run_doc
 from support.browser import embedded, offline_page, report_of
 from support.rundirs import run_from_columns
 

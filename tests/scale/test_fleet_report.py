@@ -11,8 +11,8 @@ import orjson
 from click.testing import CliRunner
 
 from stepscope import RunDir, RunMeta
+from stepscope.analysis.fleet import fleet_matrix, slowest_ranks
 from stepscope.cli import _register, cli
-from stepscope.report.fleet import fleet_matrix, slowest_ranks
 from stepscope.schema import StepTable
 from support.browser import embedded, offline_page, report_of
 from support.rundirs import run_from_columns

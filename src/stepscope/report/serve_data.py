@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -23,20 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 
 from ..analysis.compare import compare_runs
 from ..analysis.diagnose import diagnose
-from ..analysis.series import by_step, envelope, phase_stack, rank_heatmap, step_series
-from ..analysis.step_grid import step_grid
+from ..analysis.series import series_doc
 from ..analysis.summary import Sheet
 from ..errors import RunDirError, StepscopeError
 from ..findings import Finding
 from ..rundir.index import INDEX_FILE, stored_sheet
 from ..rundir.store import ReadStats, RunDir
-from ..schema import AnyArray, RunMeta, StepTable
-from .fleet import fleet_matrix, slowest_ranks
+from ..schema import RunMeta, StepTable
 from .regimes_view import sheet_text
 from .serve_index import RunList
 from .serve_pages import PageCache, run_key
@@ -72,15 +68,6 @@ class _Loaded:
         table from the step cache reads a column when first used, and asking every column
         its size read them all (2 s and 1.6 GB for a 1,000,000 x 8 run)."""
         return 8 * len(self.table) * len(self.table.columns)
-
-
-def _floats(a: AnyArray) -> list[float | None]:
-    """JSON-ready floats, None where not finite (one tolist, then only the gaps patched)."""
-    a = np.asarray(a, dtype=np.float64)
-    out: list[float | None] = a.tolist()
-    for i in np.flatnonzero(~np.isfinite(a)).tolist():
-        out[i] = None
-    return out
 
 
 def _dir_signature(path: Path) -> tuple[float, int]:
@@ -282,97 +269,6 @@ def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet
             "read_problems": list(problems), "profile": latest_profile(run),
             "text": sheet_text(sheet),
             "read": {**read.to_dict(), "summary": read.summary()} if read else None}
-
-
-def series_doc(rel: str, table: StepTable, sheet: Sheet, meta: RunMeta, max_points: int = 2000,
-               heat_cols: int = 600, steps: tuple[int, int | None] | None = None
-               ) -> dict[str, Any]:
-    """The chart document of one run (also embedded in the offline HTML report)."""
-    if steps is not None:
-        keep = table["step"] >= steps[0]
-        if steps[1] is not None:
-            keep &= table["step"] <= steps[1]
-        table = table.select(keep)
-    series = step_series(table, per_rank=False)  # ranks: the fleet's bands and the heatmap
-    if sheet.mfu and sheet.tokens_per_s and "efficiency/tokens_per_s" in series:
-        # MFU is proportional to tokens/s (MFU = tokens/s x FLOPs/token / (devices x
-        # peak)): scaling by the sheet's own ratio keeps one definition of MFU.
-        s, tps = series["efficiency/tokens_per_s"]
-        series["efficiency/mfu"] = (s, tps * (sheet.mfu / sheet.tokens_per_s))
-    out: dict[str, Any] = {}
-    for tag, (at, vals) in series.items():
-        s, lo, hi = envelope(at, vals, max_points)
-        out[tag] = {"steps": s.tolist(), "lo": _floats(lo), "hi": _floats(hi)}
-    phases, fleet = _phases(table, max_points), _fleet(table, heat_cols)
-    drawn = [np.asarray(d["steps"], dtype=np.int64)
-             for d in [*out.values(), phases, *([fleet] if fleet else [])]]
-    return {"path": rel, "series": out, "x": _x_axes(table, series, drawn),
-            "phases": phases, "heatmap": _heatmap(table, heat_cols), "fleet": fleet,
-            "warmup_steps": sheet.warmup_steps, "status": meta.status,
-            "window": list(steps) if steps else None}
-
-
-def _x_axes(table: StepTable, series: dict[str, tuple[AnyArray, AnyArray]],
-            drawn: Sequence[AnyArray]) -> dict[str, Any]:
-    """Step -> cumulative tokens and -> wall time since the first step, for the x selector,
-    at the ``drawn`` steps only (the charts' decimated points: not every step of a long
-    run, which was most of its series document)."""
-    at = np.unique(np.concatenate(drawn)) if drawn else np.zeros(0, dtype=np.int64)
-
-    def axis(steps: AnyArray, total: AnyArray) -> dict[str, Any]:
-        keep = np.isin(steps, at)
-        return {"steps": steps[keep].tolist(), "value": total[keep].tolist()}
-
-    out: dict[str, Any] = {}
-    if "efficiency/step_time_s" in series:
-        steps, t = series["efficiency/step_time_s"]
-        out["wall_s"] = axis(steps, np.cumsum(t))
-    if table.has_data("tokens"):
-        steps, tokens = by_step(table, "tokens", "sum")
-        out["tokens"] = axis(steps, np.cumsum(tokens))
-    return out
-
-
-def _phases(table: StepTable, max_points: int) -> dict[str, Any]:
-    """The stacked phase split per step; past ``max_points`` steps, the mean of each bin of
-    consecutive steps (means stack: the bins' parts still add up to their step time)."""
-    steps, cols = phase_stack(table) if len(table) else (np.zeros(0, dtype=np.int64), {})
-    n = len(steps)
-    if n > max_points:
-        b = np.arange(n) * max_points // n
-        counts = np.bincount(b, minlength=max_points)
-        starts = np.searchsorted(b, np.arange(max_points))
-        steps = steps[starts]
-        cols = {k: np.bincount(b, weights=v, minlength=max_points) / counts
-                for k, v in cols.items()}
-    return {"steps": steps.tolist(), "cols": {k: _floats(v) for k, v in cols.items()}}
-
-
-def _heatmap(table: StepTable, cols: int) -> dict[str, Any]:
-    grid = rank_heatmap(table, "step_time_s", cols)
-    return {"column": grid.column, "ranks": grid.ranks, "steps": grid.bin_start_steps,
-            "median": None if math.isnan(grid.median) else grid.median,
-            "values": [_floats(row) for row in grid.values]}
-
-
-# Ranks named as the slowest beside the fleet chart.
-_SLOWEST_NAMED = 5
-
-
-def _fleet(table: StepTable, cols: int) -> dict[str, Any] | None:
-    """Step time across ranks per step bin: min, 10%, median, 90%, max over the ranks' bin
-    means, and the slowest ranks (their median over the fleet's); None for one rank."""
-    grid = step_grid(table)
-    ranks = len(grid.ranks) if grid is not None else len(table.ranks()) if len(table) else 0
-    if ranks < 2 or not table.has_data("step_time_s"):
-        return None
-    m = fleet_matrix(table, "step_time_s", max_bins=cols)
-    q = m.quantiles((0.0, 10.0, 50.0, 90.0, 100.0))
-    out: dict[str, Any] = {"ranks": int(m.ranks.size), "steps": m.steps.tolist()}
-    for name, row in zip(("min", "p10", "median", "p90", "max"), q, strict=True):
-        out[name] = _floats(row)
-    out["slowest"] = [[r, x] for r, x in slowest_ranks(m, _SLOWEST_NAMED)]
-    return out
 
 
 def latest_profile(run: RunDir) -> dict[str, Any] | None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._fastnp import unique_ints
-from ..analysis.step_grid import StepGrid, step_grid
 from ..schema import AnyArray, StepTable
+from .step_grid import StepGrid, step_grid
 
 __all__ = ["FleetMatrix", "fleet_matrix", "slowest_ranks", "MAX_BINS"]
 
