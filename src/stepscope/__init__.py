@@ -7,10 +7,10 @@ The public surface is listed in ``__all__`` and pinned by a test. Example::
         for batch in rec.wrap_loader(loader):
             with rec.step(tokens=batch.numel(), samples=len(batch)) as s:
                 ...
-    run = stepscope.RunDir.open("runs/exp1")
-    table, _ = run.read_steps()
-    sheet = stepscope.summarize(table, run.read_meta())          # the health-check sheet
-    result = stepscope.diagnose(table, run.read_meta())          # ranked findings
+    run = stepscope.open_run("runs/exp1")          # the read side's one door
+    run.sheet().tokens_per_s                       # the health-check sheet
+    run.findings()                                 # ranked findings
+    run.compare(stepscope.open_run("runs/exp2")).verdict
     tables = stepscope.read_trace("runs/exp1/profiles")          # profiler traces -> events
 
 Every name but the errors is imported on first use, so ``import stepscope`` (done by the
@@ -41,6 +41,8 @@ __all__ = [
     "Recorder",
     "Step",
     "RunDir",
+    "Run",
+    "open_run",
     "RunMeta",
     "StepTable",
     "EventTable",
@@ -64,6 +66,8 @@ _LAZY = {
     "Recorder": ("stepscope.record.recorder", "Recorder"),
     "Step": ("stepscope.record.recorder", "Step"),
     "RunDir": ("stepscope.rundir.store", "RunDir"),
+    "Run": ("stepscope.rundir.run", "Run"),
+    "open_run": ("stepscope.rundir.run", "open_run"),
     "RunMeta": ("stepscope.schema", "RunMeta"),
     "StepTable": ("stepscope.schema", "StepTable"),
     "EventTable": ("stepscope.schema", "EventTable"),
@@ -82,6 +86,7 @@ if TYPE_CHECKING:
     from .analysis.trace.breakdown import analyze as analyze_trace
     from .findings import Finding
     from .record.recorder import Recorder, Step
+    from .rundir.run import Run, open_run
     from .rundir.store import RunDir
     from .schema import EventTable, RunMeta, StepTable
     from .traces import read_trace

@@ -15,7 +15,7 @@ import pytest
 
 from stepscope.analysis.compare.runs import JSON_KEYS, Comparison, compare_runs
 from stepscope.cli import main
-from stepscope.cli.compare import load_for_compare
+from stepscope.rundir.run import Run
 from support.compare_runs import Spec, train_interleaved
 
 pytestmark = pytest.mark.xdist_group("compare_torch_runs")
@@ -30,9 +30,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _compare(a: Path, b: Path, seed: int = 0) -> Comparison:
-    ta, ma, ea = load_for_compare(a)
-    tb, mb, eb = load_for_compare(b)
-    return compare_runs(ta, ma, tb, mb, ea, eb, seed=seed)
+    ra, rb = Run.open(a), Run.open(b)
+    return compare_runs(ra.read()[0], ra.meta, rb.read()[0], rb.meta, ra.events("eval"),
+                        rb.events("eval"), seed=seed)
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -17,7 +17,8 @@ from stepscope.cli import COMMANDS, _register, cli
 from support.traces import cpu_step_events, thread_name, write_trace
 
 PUBLIC = {
-    "__version__", "Recorder", "Step", "RunDir", "RunMeta", "StepTable", "EventTable",
+    "__version__", "Recorder", "Step", "RunDir", "Run", "open_run", "RunMeta", "StepTable",
+    "EventTable",
     "StepscopeError", "RunDirError", "TraceFormatError", "UnknownDeviceError", "ConfigError",
     "Finding", "summarize", "diagnose", "compare_runs", "read_trace", "analyze_trace",
 }

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stepscope import RunDir, RunMeta, StepTable, summarize
+from stepscope import RunMeta, StepTable, summarize
 from stepscope.analysis.series import series_doc
 from stepscope.report.offline import OFFLINE_CSP, render_offline
 from stepscope.report.serve_data import run_doc
+from stepscope.rundir.run import Run
 from support.browser import embedded, offline_page, report_of
 from support.rundirs import run_from_columns
 
@@ -27,11 +28,9 @@ XSS = "</script><img src=x onerror=window.__xss=1>"
 
 
 def _report(run_path: Path, out: Path) -> Path:
-    run = RunDir.open(run_path)
-    meta, (table, stats) = run.read_meta(), run.read_steps()
-    sheet = summarize(table, meta)
-    html = render_offline(run_doc(run_path.name, run, table, meta, sheet, stats.problems),
-                          series_doc(run_path.name, table, sheet, meta, max_points=5000))
+    run = Run.open(run_path)
+    html = render_offline(run_doc(run_path.name, run, run.findings()),
+                          run.series(points=5000))
     out.write_text(html, encoding="utf-8")
     return out
 

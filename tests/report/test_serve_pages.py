@@ -41,7 +41,7 @@ def test_a_fresh_server_answers_from_the_page_cache_without_the_table(root: Path
     assert len(list((root / PAGES_DIR).glob("*.json"))) == 3  # run, series, findings
     board = _board(root)
     again = _documents(board, "ddp")
-    assert board._cache == {}  # no step table was read
+    assert all(r.loaded_table is None for r in board._cache.values())  # no table read
     assert json.loads(json.dumps(again)) == json.loads(json.dumps(first))
     assert again[1]["series"]["efficiency/step_time_s"]["steps"]  # the real document
 
@@ -100,9 +100,10 @@ def test_a_long_runs_series_document_stays_small_and_its_x_axes_exact() -> None:
 
 def test_without_page_documents_the_sheet_comes_from_the_index_store(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A finished run nobody has opened: the index summarised it already (its summary
-    store's "sheet" entry), so the page reads the table for its series only."""
-    import stepscope.rundir.index as index
+    """A finished run nobody has opened: the index summarised it already (the run's
+    results store: the sheet every reader shares), so the page reads the table for its
+    series only."""
+    import stepscope.rundir.run as run_door
 
     computed = _documents(_board(root), "ddp")  # the index ran: the sheet is stored
     shutil.rmtree(root / PAGES_DIR)
@@ -110,8 +111,9 @@ def test_without_page_documents_the_sheet_comes_from_the_index_store(
     def no_summary(*_: object, **__: object) -> None:
         raise AssertionError("summarised again although the index stored the sheet")
 
-    monkeypatch.setattr(index, "summarize", no_summary)
+    monkeypatch.setattr(run_door, "summarize", no_summary)
     board = _board(root)
     again = _documents(board, "ddp")
-    assert board._cache  # the table was read (for the series), the sheet was not made
+    # the table was read (for the series), the sheet was not made
+    assert any(r.loaded_table is not None for r in board._cache.values())
     assert json.loads(json.dumps(again)) == json.loads(json.dumps(computed))

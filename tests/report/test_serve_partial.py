@@ -30,7 +30,8 @@ from stepscope.errors import StepscopeError
 from stepscope.report import serve_index
 from stepscope.report.serve import DashboardServer, make_server
 from stepscope.report.serve_pages import PAGES_DIR
-from stepscope.rundir.index import build_index, stored_sheet
+from stepscope.rundir.index import build_index
+from stepscope.rundir.run import Run
 from stepscope.rundir.steps_sample import sample_step_files
 from stepscope.rundir.store import RunDir
 from support.browser import ARGS, ARTIFACTS, CHROMIUM, sync_api, wait
@@ -142,9 +143,8 @@ def test_first_a_marked_sample_then_the_full_documents_unchanged(
 
 def test_a_run_with_a_stored_sheet_shows_it_during_the_sample(roots: tuple[Path, Path],
                                                              ) -> None:
-    run = RunDir.open(roots[1] / "long")
-    table, stats = run.read_steps()
-    stored_sheet(run, run.read_meta(), table, stats)  # the sheet the index keeps
+    run = Run.open(roots[1] / "long")
+    run.sheet()  # the sheet every reader keeps in the run's results store
     shutil.rmtree(run.path / ".cache" / "steps")  # the steps not cached any more
     with _serve(roots[1], **LIMITS) as server:
         run = orjson.loads(_get(server, "api/run?path=long&findings=0"))
@@ -206,7 +206,7 @@ def test_a_full_read_that_fails_reaches_the_page(sampling: DashboardServer,
         shown.wait(WAIT_S)  # fails once the page shows the sample
         raise StepscopeError(f"{self.path.name}: the disk went away")
 
-    monkeypatch.setattr(RunDir, "read_steps", fail)
+    monkeypatch.setattr(RunDir, "start_read_steps", fail)
     api = sync_api()
     with api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)

@@ -1,4 +1,4 @@
-"""A computation in a forked child (``_forked.Forked``), and the report that uses it: the
+"""A computation in a forked child (``proc.forked.Forked``), and the report that uses it: the
 child's result when it has one, else the same computed in this process, whatever the
 child did (raised, died, hung, sent what does not pickle); never a child left behind.
 
@@ -22,12 +22,12 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-import stepscope.cli.report as report_cli
-import stepscope.cli.sheet as sheet
 from stepscope import RunMeta
 from stepscope.cli import cli
 from stepscope.proc import forked as _forked
 from stepscope.proc.forked import Forked
+from stepscope.report.offline import write_html
+from stepscope.rundir.run import Run
 from support.rundirs import run_from_columns
 
 _PARENT = os.getpid()
@@ -114,6 +114,8 @@ import os, sys, time
 sys.path[:0] = sys.argv[1:2]
 from stepscope.proc import forked as _forked
 from stepscope.proc.forked import Forked
+from stepscope.report.offline import write_html
+from stepscope.rundir.run import Run
 job = Forked(time.sleep, 600)
 print(job._proc.pid, flush=True)
 os._exit(0)  # dies without asking for the result: no cleanup runs
@@ -131,7 +133,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_the_child_dies_with_its_parent() -> None:
     proc = subprocess.Popen([sys.executable, "-c", _ORPHAN,
-                             str(Path(sheet.__file__).parents[2])],
+                             str(Path(_forked.__file__).parents[2])],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -160,40 +162,41 @@ def test_report_findings_from_the_child_equal_those_computed_here(
             "tokens": np.full(rank.size, 4096.0), "loss": 3.0 - step / 1000,
             "mem_peak_bytes": 1e9 + 1e6 * step}  # a memory creep
     run_from_columns(tmp_path / "r", cols, RunMeta(run_id="r", status="finished"))
-    used: list[bool] = []
+    used: list[bool] = []  # each child's result taken: whether it came from a child
 
     class Watched(Forked):  # type: ignore[type-arg]
         def result(self) -> Any:
             used.append(self.forked)
             return super().result()
 
-    monkeypatch.setattr(sheet, "Forked", Watched)
-    made: list[bool] = []  # whether load_run made the page's charts beside the sheet
-    real_load = sheet.load_run
+    monkeypatch.setattr(_forked, "Forked", Watched)
+    made: list[bool] = []  # whether the page's charts were made beside the sheet
+    real_analyse = Run.analyse
 
-    def load_run(*a: Any, **k: Any) -> sheet.LoadedRun:
-        loaded = real_load(*a, **k)
-        made.append(loaded.series_ is not None)
-        return loaded
+    def analyse(self: Run, **k: Any) -> None:
+        real_analyse(self, **k)
+        made.append(bool(self._series))
 
-    monkeypatch.setattr(report_cli, "load_run", load_run)
+    monkeypatch.setattr(Run, "analyse", analyse)
     monkeypatch.setattr(_forked, "MIN_ROWS", 0)  # this run is small: a child anyway
     res = CliRunner().invoke(cli, ["report", str(tmp_path / "r"), "--json", "--html",
                                    str(tmp_path / "forked.html")])
     assert res.exit_code == 0, res.output
     assert used == [True] and made == [True]
     shutil.rmtree(tmp_path / "r" / ".cache")  # not the stored findings: computed again
-    here = sheet.load_run(tmp_path / "r", fork=False)
-    assert used == [True, False]
+    here = Run.open(tmp_path / "r")  # fork=False: the rules in this process, no child
+    found = here.findings()
+    assert used == [True]
     doc = orjson.loads(res.stdout_bytes)
     assert doc["findings"] == orjson.loads(orjson.dumps(
-        [f.to_dict() for f in here.findings], option=orjson.OPT_SERIALIZE_NUMPY, default=str))
-    assert {f.category for f in here.findings} >= {"data_pipeline", "memory"}
+        [f.to_dict() for f in found], option=orjson.OPT_SERIALIZE_NUMPY, default=str))
+    assert {f.category for f in found} >= {"data_pipeline", "memory"}
     # the page's charts, made beside the sheet while the child finished: the same page
-    page = sheet.write_html(here, tmp_path / "here.html").read_bytes()
-    assert here.series_ is None and page == (tmp_path / "forked.html").read_bytes()
+    page = write_html(here, tmp_path / "here.html").read_bytes()
+    assert page == (tmp_path / "forked.html").read_bytes()
     monkeypatch.setattr(_forked, "MIN_ROWS", 10**6)
     shutil.rmtree(tmp_path / "r" / ".cache")
-    small = sheet.load_run(tmp_path / "r", fork=True)  # too few rows to pay for a child
-    assert used == [True, False, False]
-    assert [f.to_dict() for f in small.findings] == [f.to_dict() for f in here.findings]
+    small = Run.open(tmp_path / "r", fork=True)  # too few rows to pay for a child
+    small.analyse()
+    assert used == [True]
+    assert [f.to_dict() for f in small.findings()] == [f.to_dict() for f in found]

@@ -17,15 +17,15 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-import stepscope.cli.compare as compare_cli
 import stepscope.rundir.steps_table as steps_table
 from stepscope import RunDir, RunMeta
 from stepscope.analysis.compare import speed
 from stepscope.analysis.compare.runs import compare_runs
 from stepscope.cli import cli
-from stepscope.cli.common import PendingSteps
 from stepscope.errors import StepscopeError
 from stepscope.proc import forked as _forked
+from stepscope.rundir import run as run_mod
+from stepscope.rundir.run import Run
 from support.old_step_reader import assert_tables_equal
 from support.rundirs import run_from_columns
 
@@ -100,15 +100,15 @@ def test_a_started_read_of_a_cached_run_starts_no_worker(runs: tuple[Path, Path]
         assert_tables_equal(pending.result()[0], first)
 
 
-def test_pending_steps_says_bad_input_at_once_and_no_records_at_result(
+def test_a_run_says_bad_input_at_open_and_no_records_when_its_read_ends(
         tmp_path: Path) -> None:
     with pytest.raises(StepscopeError, match="no-such-run"):
-        PendingSteps(tmp_path / "no-such-run")
+        Run.open(tmp_path / "no-such-run")
     run_from_columns(tmp_path / "empty", {"rank": [0], "step": [0], "step_time_s": [1.0]})
     (tmp_path / "empty" / "steps" / "rank-00000.jsonl").write_bytes(b"")
-    with PendingSteps(tmp_path / "empty") as pending, \
+    with Run.open(tmp_path / "empty").start_read() as pending, \
             pytest.raises(StepscopeError, match="no step records"):
-        pending.result()
+        pending.read()
 
 
 def test_a_prepared_share_is_reused_and_changes_nothing(runs: tuple[Path, Path],
@@ -148,8 +148,8 @@ def test_cli_compare_with_a_started_read_equals_the_plain_comparison(
     real = speed.step_sample
     monkeypatch.setattr(speed, "step_sample", lambda t, *a: samples.append(len(t)) or real(t, *a))
     prepared: list[int] = []
-    real_prepare = compare_cli.prepare_speed
-    monkeypatch.setattr(compare_cli, "prepare_speed",
+    real_prepare = run_mod.prepare_speed
+    monkeypatch.setattr(run_mod, "prepare_speed",
                         lambda t, *a, **k: prepared.append(len(t)) or real_prepare(t, *a, **k))
     res = CliRunner().invoke(cli, ["compare", str(a), str(b), "--json", "--allow-multi",
                                    "--seed", "5"])

@@ -81,6 +81,7 @@ def offline_page(report: Path, shot: str | None = None,
 
 def report_of(run: Path, out: Path | None = None) -> Path:
     """report.html of ``run`` as `stepscope report` writes it (in-process: the same code)."""
-    from stepscope.cli.sheet import load_run, write_html
+    from stepscope.report.offline import write_html
+    from stepscope.rundir.run import Run
 
-    return write_html(load_run(run), out)
+    return write_html(Run.open(run), out)

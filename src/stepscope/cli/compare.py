@@ -17,35 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
 from ..analysis.compare.quality import eval_record
-from ..analysis.compare.runs import Comparison, compare_runs, diff_fingerprints
+from ..analysis.compare.runs import Comparison
 from ..analysis.compare.scaling_efficiency import scaling
-from ..analysis.compare.speed import kept_run_speeds, prepare_speed
 from ..errors import ConfigError
-from ..proc import forked as _forked
 from ..proc.engine import ENGINES
 from ..rundir.index import INDEX_FILE, best_config, build_index, query_index
-from ..rundir.results import Stored
+from ..rundir.run import Run
 from ..rundir.store import RunDir
-from ..schema import RunMeta, StepTable
 from . import cli
-from .common import PendingSteps, RunSteps, emit_json, load_steps
+from .common import emit_json
 
-__all__ = ["load_for_compare", "EXIT_INVALID"]
+__all__ = ["EXIT_INVALID"]
 
 # Exit status when a comparison is invalid without --allow-multi (2 is bad input).
 EXIT_INVALID = 1
-
-
-def load_for_compare(path: str | Path) -> tuple[StepTable, RunMeta, list[dict[str, Any]]]:
-    """(step table, run.json, eval events) of a run; raises StepscopeError on bad input."""
-    return _inputs(load_steps(path))
-
-
-def _inputs(loaded: RunSteps) -> tuple[StepTable, RunMeta, list[dict[str, Any]]]:
-    return loaded.table, loaded.meta, loaded.run.read_events("eval")[0]
 
 
 @cli.command("compare")
@@ -63,90 +50,22 @@ def _inputs(loaded: RunSteps) -> tuple[StepTable, RunMeta, list[dict[str, Any]]]
 def compare_cmd(ctx: click.Context, run_a: str, run_b: str, as_json: bool, markdown: bool,
                 allow_multi: bool, seed: int, repeats: tuple[str, ...]) -> None:
     """Compare RUN_B against the baseline RUN_A: one variable, two ledgers, one verdict."""
-    # The comparison of the same runs, unchanged since, from RUN_A's summary store: the
-    # --json document as stored; the terminal and Markdown views from the comparison
-    # rebuilt, when it was stored whole (a NaN, stored as null, is not).
-    entry = _stored_comparison(run_a, run_b, repeats, seed)
-    hit = _usable(entry.get() if entry is not None else None, as_json)
-    if hit is not None:
-        doc, stored = hit
-        if stored is None:
-            emit_json(doc)
-        else:
-            _emit_comparison(stored, as_json, markdown)
-        if doc["verdict"] == "invalid" and not allow_multi:
-            ctx.exit(EXIT_INVALID)
-        return
-    with kept_run_speeds():
-        # Run A's share of the speed ledger is computed while run B's files decode in
-        # worker processes: this process would only wait for them (about a second of the
-        # ~9 s a cold compare of two 1,024-rank runs took). Not for tables past
-        # _forked.MAX_ROWS: at 9.6 M rows it gained nothing (the workers keep both CPUs
-        # busy) and took the processes' memory together from 1.4 GB to 2.0 GB.
-        a = load_steps(run_a)
-        ta, ma, ea = _inputs(a)
-        with PendingSteps(run_b) as pending:
-            cond_a = a.run.read_conditions()
-            if _forked.worth_it(len(ta)):
-                prepare_speed(ta, ma, cond_a, seed=seed)
-            b = pending.result()
-        tb, mb, eb = _inputs(b)
-        reps = [load_for_compare(r)[:2] for r in repeats]
-        for (_, mr), path in zip(reps, repeats, strict=True):
-            if diff_fingerprints(ma, mr)[0]:
-                raise ConfigError(f"--repeat {path} is not a repeat of {run_a}: "
-                                  f"{', '.join(str(d) for d in diff_fingerprints(ma, mr)[0])}")
-        result = compare_runs(ta, ma, tb, mb, ea, eb, seed=seed, baseline_repeats=reps,
-                              conditions=(cond_a, b.run.read_conditions()))
-    _emit_comparison(result, as_json, markdown)
-    if entry is not None:
-        entry.put(_stored_doc(result))
-    if result.verdict == "invalid" and not allow_multi:
+    a, b = Run.open(run_a), Run.open(run_b)
+    reps = [Run.open(r) for r in repeats]
+    if as_json:  # the stored document when the runs are unchanged (the dashboard's too)
+        doc = a.compare_doc(b, seed=seed, repeats=reps)
+        emit_json(doc)
+        verdict = doc["verdict"]
+    else:
+        result = a.compare(b, seed=seed, repeats=reps)
+        _render_comparison(result, markdown)
+        verdict = result.verdict
+    if verdict == "invalid" and not allow_multi:
         ctx.exit(EXIT_INVALID)
 
 
-def _stored_doc(result: Comparison) -> dict[str, Any]:
-    """What the store keeps: the comparison, and whether it comes back whole from JSON
-    (then the views may be drawn from it; a NaN comes back as null, and is not)."""
-    doc = result.to_store()
-    try:
-        whole = Comparison.from_store(orjson.loads(orjson.dumps(doc))) == result
-    except (KeyError, TypeError, ValueError, IndexError, orjson.JSONEncodeError):
-        whole = False
-    return {**doc, "whole": whole}
-
-
-def _usable(doc: Any, as_json: bool) -> tuple[dict[str, Any], Comparison | None] | None:
-    """(the --json document, the comparison for a view, or None with --json) of a stored
-    entry; None when it is not usable (not this shape, or not whole for a view)."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("comparison"), dict):
-        return None
-    if as_json:
-        return doc["comparison"], None
-    if doc.get("whole") is not True:
-        return None
-    try:
-        return doc["comparison"], Comparison.from_store(doc)
-    except (KeyError, TypeError, ValueError, IndexError):
-        return None  # an entry of another shape: computed again
-
-
-def _stored_comparison(run_a: str, run_b: str, repeats: tuple[str, ...], seed: int
-                       ) -> Stored | None:
-    paths = [Path(p) for p in (run_a, run_b, *repeats)]
-    if not all(p.is_dir() for p in paths):
-        return None  # bad input: the usual path says why
-    try:
-        who = [str(p.resolve()) for p in paths]
-    except OSError:
-        return None
-    return Stored(paths, "compare", {"runs": who[1:], "seed": seed})
-
-
-def _emit_comparison(result: Comparison, as_json: bool, markdown: bool) -> None:
-    if as_json:
-        emit_json(result.to_dict())
-    elif markdown:
+def _render_comparison(result: Comparison, markdown: bool) -> None:
+    if markdown:
         from ..report.markdown_tables import comparison_markdown
 
         click.echo(comparison_markdown(result), nl=False)
@@ -225,8 +144,9 @@ def scaling_cmd(ctx: click.Context, runs: tuple[str, ...], as_json: bool, markdo
     """Throughput per device and scaling efficiency of runs that differ in device count."""
     loaded = []
     for path in runs:
-        table, meta, _ = load_for_compare(path)
-        loaded.append((meta.name or meta.run_id or Path(path).name, table, meta))
+        run = Run.open(path)
+        table = run.read()[0]
+        loaded.append((run.meta.name or run.meta.run_id or Path(path).name, table, run.meta))
     result = scaling(loaded)
     if as_json:
         emit_json(result.to_dict())

@@ -14,13 +14,14 @@ import click
 from rich.console import Console
 
 from ..errors import ConfigError
+from ..report.offline import write_html
 from ..report.terminal import render_sheet
+from ..rundir.run import Run
 from ..rundir.store import RunDir, utc_stamp
 from . import cli
 from .common import emit_json
 from .demo_story import isolation_story
 from .demo_train import train_demo
-from .sheet import load_run, sheet_json, write_html
 
 # About a minute on a 2-core CPU at ~0.3 s per step (measured on the demo model).
 DEFAULT_STEPS = 150
@@ -54,19 +55,19 @@ def demo_cmd(framework: str, steps: int, out: Path | None, seed: int, slow_data:
     console.print(f"[bold]stepscope demo[/bold]: tiny GPT ({framework}, CPU) → {run_dir}")
     kw = {"keep_batches": 16} if slow_data else {}
     kept = train_demo(framework, run_dir, steps, seed, slow_data, as_json, "train", **kw)
-    loaded = load_run(run_dir)
+    loaded = Run.open(run_dir)
     story = None
     if slow_data:  # recorded in events.jsonl, which the report's isolation view shows
         story = isolation_story(console, loaded, kept, steps, seed, as_json, framework)
-        loaded = load_run(run_dir)
+        loaded = Run.open(run_dir)
     html = write_html(loaded)
     if as_json:
-        d = sheet_json(loaded)
+        d = loaded.sheet_doc()
         d["html"] = str(html)
         if story is not None:
             d["isolation"] = story.result
         emit_json(d)
         return
-    render_sheet(console, loaded.sheet, loaded.meta, loaded.findings,
+    render_sheet(console, loaded.sheet(), loaded.meta, loaded.findings(),
                  extra=story.renderables if story else ())
     console.print(f"Run directory: {run_dir}\nHTML report:   {html}")

@@ -18,9 +18,9 @@ from rich.console import Console
 from ..analysis.advice import advise
 from ..analysis.isolation import ISOLATION_EVENT, data_isolation_verdict, isolation_finding
 from ..report.fmt import fmt_num, fmt_pct
+from ..rundir.run import Run
 from ..rundir.store import RunDir
 from .demo_train import train_demo
-from .sheet import LoadedRun
 
 __all__ = ["Story", "isolation_story"]
 
@@ -38,19 +38,19 @@ def _say(console: Console, text: str) -> None:
     console.print(text)  # stderr under --json, so stdout stays machine-readable
 
 
-def isolation_story(console: Console, loaded: LoadedRun, kept: list[Any], steps: int,
+def isolation_story(console: Console, loaded: Run, kept: list[Any], steps: int,
                     seed: int, quiet: bool, framework: str = "torch") -> Story:
     """Run the isolation experiment for the demo's slow-data run and narrate it.
 
     ``quiet`` hides the replay run's progress bar (``--json``); the story is always told.
     """
-    s = loaded.sheet
+    s = loaded.sheet()
     _say(console, "\n[bold]1. Step breakdown[/bold]: " + ", ".join(
         f"{p} {fmt_pct(f)}" for p, f in s.phase_frac.items()))
     _say(console,
          f"[bold]2. Suspect[/bold]: the device waits for data {fmt_pct(s.data_wait_frac)} "
          "of the step (health threshold: 5%) → the data pipeline")
-    replay_dir = Path(f"{loaded.run.path}-replay")
+    replay_dir = Path(f"{loaded.path}-replay")
     _say(console,
          f"[bold]3. Isolation experiment[/bold]: same model, seed and batch shape; data "
          f"replaced by {len(kept)} real batches held in memory → {replay_dir}")
@@ -58,7 +58,7 @@ def isolation_story(console: Console, loaded: LoadedRun, kept: list[Any], steps:
            batches=kept)
     replay_table, _ = RunDir.open(replay_dir).read_steps()
     res = data_isolation_verdict(loaded.table, replay_table)
-    loaded.run.append_event({"type": ISOLATION_EVENT, "kind": "data",
+    loaded.dir.append_event({"type": ISOLATION_EVENT, "kind": "data",
                              "result": res.to_dict(), "experiment_run": str(replay_dir)})
     _say(console,
          f"[bold]4. Verdict[/bold]: {res.verdict} — {fmt_num(res.baseline_rate)} → "

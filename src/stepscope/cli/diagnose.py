@@ -28,11 +28,11 @@ from ..analysis.isolation import (
     data_isolation_verdict,
 )
 from ..errors import StepscopeError
-from ..rundir.results import Stored
-from ..rundir.store import ReadStats, RunDir, utc_stamp
+from ..rundir.run import Run, no_records_error
+from ..rundir.store import RunDir, utc_stamp
 from ..schema import StepTable
 from . import cli
-from .common import emit_json, load_steps, no_records_error, note_event_problems
+from .common import emit_json, note_event_problems
 
 _MARK = {"critical": "!!", "warning": "! ", "info": "  "}
 # Child-environment switches understood by `stepscope run` (integrations/torch_auto.py).
@@ -78,60 +78,37 @@ def _render(d: Diagnosis, run: Path, lost: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def diagnose_cmd(run: Path, trace: Path | None, as_json: bool) -> None:
     """Ranked findings, the bottleneck and the next experiment for run directory RUN."""
-    rd = RunDir.open(run)
-    meta = rd.read_meta()
-    # A running run's silence is measured against the clock, and --trace is read from
-    # outside RUN: neither is kept in the run's summary store.
-    entry = Stored([rd.path], "diagnose", {}) if trace is None and meta.status != "running" \
-        else None
-    doc = entry.get() if entry is not None else None
-    if doc is not None:
-        d, stats = Diagnosis.from_stored(doc["diagnosis"]), ReadStats.from_dict(doc["stats"])
-        events, ev_stats = rd.read_events()
-        note_event_problems(ev_stats)
-        if doc["note"]:
-            click.echo(doc["note"], err=True)
-    else:
-        d, stats, events, note = _diagnose(rd, trace)
-        if entry is not None:
-            entry.put({"diagnosis": d.to_stored(), "stats": stats.to_dict(), "note": note})
+    opened = Run.open(run)
+    if trace is None:
+        d = opened.diagnosis()
+        if opened.diagnosis_note:
+            click.echo(opened.diagnosis_note, err=True)
+    else:  # a trace from outside RUN: not the run's own diagnosis, never stored
+        d = _with_trace(opened, trace)
+    note_event_problems(opened)
+    stats = opened.stats
     if as_json:
         emit_json({**d.to_dict(), "read": {**stats.to_dict(),
-                                           "meta_problems": rd.meta_problems}})
+                                           "meta_problems": opened.meta_problems}})
     else:
-        _render(d, run, records_lost(meta, events)[0])
+        _render(d, run, records_lost(opened.meta, opened.events())[0])
         if stats.summary():
             click.echo(stats.summary())
 
 
-def _diagnose(rd: RunDir, trace: Path | None
-              ) -> tuple[Diagnosis, ReadStats, list[dict[str, Any]], str | None]:
-    """(diagnosis, read counts, events, the note printed on stderr) of the run's records."""
-    loaded = load_steps(rd.path, require=False)
-    rd, meta, table, stats = loaded.run, loaded.meta, loaded.table, loaded.stats
-    # A live run that has not stepped yet is diagnosed (a stall at start-up); a finished
-    # one, or one whose records are all unreadable, has nothing to diagnose: exit 2.
-    if not len(table) and (meta.status != "running" or loaded.stats.skipped):
-        raise no_records_error(rd, loaded.stats)
-    events, ev_stats = rd.read_events()
-    note_event_problems(ev_stats)
-    report, note = None, None
-    if trace is not None:
-        if not trace.exists():
-            raise StepscopeError(f"--trace {trace} does not exist; pass a trace file or "
-                                 "directory written by torch.profiler or MindSpore")
-        report = _trace_report(trace)
-    elif rd.profile_dirs():  # the newest archived profile; a broken one is only noted
-        try:
-            report = _trace_report(rd.profile_dirs()[-1])
-        except StepscopeError as exc:
-            note = f"stepscope: note: archived profile skipped: {exc}"
-            click.echo(note, err=True)
-    # The CLI is the edge that reads the clock: a running run's silence is a live stall.
-    now = time.time() if meta.status == "running" else None
-    d = diagnose(table, meta, events=events, trace_report=report, now_wall_s=now,
-                 conditions=rd.read_conditions())
-    return d, stats, events, note
+def _with_trace(run: Run, trace: Path) -> Diagnosis:
+    """The diagnosis of the run's records with ``trace``'s breakdown instead of the
+    archived profile's."""
+    if not trace.exists():
+        raise StepscopeError(f"--trace {trace} does not exist; pass a trace file or "
+                             "directory written by torch.profiler or MindSpore")
+    table, stats = run.read(require=False)
+    running = run.meta.status == "running"
+    if not len(table) and (not running or stats.skipped):
+        raise no_records_error(run.dir, stats)
+    now = time.time() if running else None  # the CLI is an edge: it reads the clock
+    return diagnose(table, run.meta, events=run.events(), trace_report=_trace_report(trace),
+                    now_wall_s=now, conditions=run.conditions)
 
 
 def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,
@@ -147,7 +124,7 @@ def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise StepscopeError(f"`{' '.join(command)}` under stepscope run exited with "
                              f"{proc.returncode} ({' | '.join(tail)}); run it alone first")
-    return load_steps(out).table
+    return Run.open(out).read()[0]
 
 
 @cli.command("isolate")

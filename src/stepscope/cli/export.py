@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
+from ..rundir.run import Run
 from . import cli
 from .common import emit_json
-from .sheet import load_run
 
 __all__ = ["export_cmd"]
 
@@ -39,14 +39,15 @@ def export_cmd(run: Path, target: tuple[str, str], experiment: str, as_json: boo
     from ..report.export import export_run
 
     kind, dest = target
-    loaded = load_run(run, fork=True)
-    result = export_run(loaded.table, loaded.meta, loaded.sheet, kind, dest, experiment,
-                        loaded.findings)
+    opened = Run.open(run, fork=True)
+    opened.analyse()
+    result = export_run(opened.table, opened.meta, opened.sheet(), kind, dest, experiment,
+                        opened.findings())
     if as_json:
         emit_json(result.to_dict())
         return
     what = f"{result.rows} rows" if result.rows else \
         f"{result.series} series, {result.points} points"
-    click.echo(f"stepscope: exported {loaded.run.path} to {kind}: {result.destination} ({what})")
+    click.echo(f"stepscope: exported {opened.path} to {kind}: {result.destination} ({what})")
     for note in result.notes:
         click.echo(f"  note: {note}")

@@ -9,25 +9,27 @@ import click
 
 from ..analysis.diagnose import records_lost
 from ..errors import StepscopeError
+from ..rundir.run import REPORT_POINTS, Run
 from . import cli
-from .common import emit_json
-from .sheet import LoadedRun, load_run, sheet_json, write_html
+from .common import emit_json, note_event_problems
 
 # emit_json is re-exported: cli/calc.py imported it from here before cli/common.py existed.
 __all__ = ["emit_json"]
 
 
-def _html_somewhere(loaded: LoadedRun, out: Path | None) -> tuple[Path | None, str | None]:
+def _html_somewhere(run: Run, out: Path | None) -> tuple[Path | None, str | None]:
     """(where the HTML went, a note). RUN/report.html, or beside the temp files when RUN
     is read-only; an explicit ``--html`` that fails is an error (raised by write_html)."""
+    from ..report.offline import write_html
+
     if out is not None:
-        return write_html(loaded, out), None
+        return write_html(run, out), None
     try:
-        return write_html(loaded), None
+        return write_html(run), None
     except StepscopeError as exc:
-        spare = Path(tempfile.gettempdir()) / f"stepscope-report-{loaded.meta.run_id}.html"
+        spare = Path(tempfile.gettempdir()) / f"stepscope-report-{run.meta.run_id}.html"
         try:
-            return write_html(loaded, spare), f"{exc}; wrote it to {spare} instead"
+            return write_html(run, spare), f"{exc}; wrote it to {spare} instead"
         except StepscopeError as exc2:
             return None, f"{exc}; {exc2}; no HTML report written (pass --html FILE)"
 
@@ -45,14 +47,16 @@ def report_cmd(run: Path, html_out: Path | None, as_json: bool, no_html: bool,
                flops_convention: str | None) -> None:
     """Print the health-check sheet of RUN (a run directory)."""
     page = not (no_html and html_out is None)
-    loaded = load_run(run, flops_convention, fork=True, html=page)
+    opened = Run.open(run, flops_convention=flops_convention, fork=True)
+    opened.analyse(series_points=REPORT_POINTS if page else None)
+    note_event_problems(opened)
     html_path, html_note = None, None
     if page:
-        html_path, html_note = _html_somewhere(loaded, html_out)
+        html_path, html_note = _html_somewhere(opened, html_out)
     if html_note:
         click.echo(f"stepscope: note: {html_note}", err=True)
     if as_json:
-        d = sheet_json(loaded)
+        d = opened.sheet_doc()
         d["html"] = str(html_path) if html_path else None
         emit_json(d)
         return
@@ -62,10 +66,10 @@ def report_cmd(run: Path, html_out: Path | None, as_json: bool, no_html: bool,
     from ..report.terminal import render_sheet
 
     console = Console()
-    render_sheet(console, loaded.sheet, loaded.meta, loaded.findings)
-    if loaded.stats.summary():
-        console.print(loaded.stats.summary(), style="yellow", markup=False)
-    lost, first = records_lost(loaded.meta, loaded.events)
+    render_sheet(console, opened.sheet(), opened.meta, opened.findings())
+    if opened.stats.summary():
+        console.print(opened.stats.summary(), style="yellow", markup=False)
+    lost, first = records_lost(opened.meta, opened.events())
     if lost:
         console.print(Text(f"{lost} records lost to a write error"
                            + (f" ({first})" if first else ""), style="yellow"))

@@ -155,10 +155,11 @@ def _main(argv: list[str]) -> int:
     """The child: write RUN/report.html, print its path; a failure is the last line of
     stderr and exit status 1."""
     from ..errors import StepscopeError
-    from .sheet import load_run, write_html
+    from ..report.offline import write_html
+    from ..rundir.run import Run
 
     try:
-        path = write_html(load_run(argv[0]))
+        path = write_html(Run.open(argv[0]))
     except (StepscopeError, OSError) as exc:
         sys.stderr.write(f"{exc}\n")
         return 1

@@ -7,19 +7,25 @@ meta tag forbids every external load.
 
 Example::
 
-    html = render_offline(run_document, series_document)
-    Path("report.html").write_text(html, encoding="utf-8")
+    path = write_html(stepscope.open_run("runs/exp1"))     # RUN/report.html
+    html = render_offline(run_document, series_document)   # the page, from its documents
 """
 
 from __future__ import annotations
 
 import html as _html
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-__all__ = ["render_offline", "embedded_data", "OFFLINE_CSP", "DATA_ID"]
+from ..rundir.run import REPORT_POINTS
+
+if TYPE_CHECKING:
+    from ..rundir.run import Run
+
+__all__ = ["write_html", "render_offline", "embedded_data", "OFFLINE_CSP", "DATA_ID"]
 
 DATA_ID = "stepscope-data"
 
@@ -35,6 +41,23 @@ def _asset(name: str) -> str:
 def _inline_script(text: str) -> str:
     # A "</script" inside the code or the data would end the element early.
     return "<script>" + text.replace("</script", "<\\/script") + "</script>"
+
+
+def write_html(run: Run, out: Path | None = None) -> Path:
+    """Render the run's offline page and have the run directory write it (RUN/report.html,
+    or ``out``); a page rendered from the same state of the run before is taken from its
+    results store."""
+    from .serve_data import run_doc
+
+    name = run.path.name
+    entry = run.stored("page", {"points": REPORT_POINTS, "name": name,
+                                "flops_convention": run.flops_convention})
+    page = entry.get()
+    if not isinstance(page, str):
+        page = render_offline(run_doc(name, run, run.findings()),
+                              run.series(REPORT_POINTS))
+        entry.put(page)
+    return run.dir.write_report(page, out)
 
 
 def render_offline(run: dict[str, Any], series: dict[str, Any]) -> str:

@@ -18,31 +18,25 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from ..analysis.compare import compare_runs
-from ..analysis.diagnose import diagnose
 from ..analysis.series import series_doc
 from ..analysis.summary import Sheet
 from ..errors import RunDirError, StepscopeError
 from ..findings import Finding
-from ..rundir.index import INDEX_FILE, stored_sheet
-from ..rundir.store import ReadStats, RunDir
-from ..schema import RunMeta, StepTable
+from ..rundir.index import INDEX_FILE
+from ..rundir.run import Run
 from .regimes_view import sheet_text
 from .serve_index import RunList
-from .serve_pages import PageCache, run_key
+from .serve_pages import PageCache
 from .serve_partial import PARTIAL_BYTES, SAMPLE_BYTES, Partial, Samples
 
-__all__ = ["Dashboard", "NotFound", "series_doc", "run_doc", "latest_profile"]
+__all__ = ["Dashboard", "NotFound", "run_doc"]
 
 # Events the run page shows (the rest of events.jsonl is the tools' own bookkeeping).
 _SHOWN_EVENTS = ("finding", "alert", "isolation", "profile", "warning", "cross_rank")
-_CACHE_RUNS = 8  # loaded runs kept in memory (a page polls the run it shows)
+_CACHE_RUNS = 8  # opened runs kept in memory (a page polls the run it shows)
 # ... and the bytes their tables may hold together: past it the oldest go (the newest stays).
 _CACHE_BYTES = 2 << 30
 
@@ -51,35 +45,12 @@ class NotFound(StepscopeError):
     """A run path the index does not list (or a request for something else that is absent)."""
 
 
-@dataclass
-class _Loaded:
-    signature: tuple[float, int]
-    meta: RunMeta
-    table: StepTable
-    sheet: Sheet
-    problems: list[str]
-    skipped: int
-    read: ReadStats
-    findings: list[Finding] | None = None  # diagnosed on first request (the slow part)
-
-    @property
-    def nbytes(self) -> int:
-        """What the table can hold: 8 bytes a row a column. Not the arrays' own sizes: a
-        table from the step cache reads a column when first used, and asking every column
-        its size read them all (2 s and 1.6 GB for a 1,000,000 x 8 run)."""
-        return 8 * len(self.table) * len(self.table.columns)
-
-
-def _dir_signature(path: Path) -> tuple[float, int]:
-    """Newest mtime and total size under steps/ and of the run's files: a cheap change test."""
-    newest, size = 0.0, 0
-    for p in [path / "run.json", path / "events.jsonl", *sorted((path / "steps").glob("*"))]:
-        try:
-            st = p.stat()
-        except OSError:
-            continue
-        newest, size = max(newest, st.st_mtime), size + st.st_size
-    return newest, size
+def _nbytes(run: Run) -> int:
+    """What a run's table can hold: 8 bytes a row a column (0 while unread). Not the
+    arrays' own sizes: a table from the step cache reads a column when first used, and
+    asking every column its size read them all (2 s and 1.6 GB for a 1,000,000 x 8 run)."""
+    table = run.loaded_table
+    return 0 if table is None else 8 * len(table) * len(table.columns)
 
 
 class Dashboard:
@@ -98,7 +69,7 @@ class Dashboard:
         # The index, refreshed off the request; a request waits index_wait_s at most.
         self._runs = RunList(self.root, refresh_s, index_wait_s)
         self._pages = PageCache(self.root)
-        self._cache: OrderedDict[str, _Loaded] = OrderedDict()
+        self._cache: OrderedDict[str, Run] = OrderedDict()
         # One loader per run at a time: the page asks for a run's sheet and series at once,
         # and the second request should wait for the first read, not read it again.
         self._loading: dict[str, threading.Lock] = {}
@@ -130,57 +101,61 @@ class Dashboard:
         return self.root if rel == "." else self.root / rel
 
     # -- one run -----------------------------------------------------------------------
-    def _load(self, rel: str) -> _Loaded:
+    def _open(self, rel: str) -> Run:
+        """The run as its files are now: the one in memory while they are unchanged
+        (``Run.changed``, the key every reader uses), else opened again. Not behind the
+        run's read gate: a sample is answered while the full read goes on."""
         path = self._path_of(rel)
         with self._lock:
-            gate = self._loading.setdefault(rel, threading.Lock())
-        with gate:
-            return self._load_locked(rel, path)
-
-    def _load_locked(self, rel: str, path: Path) -> _Loaded:
-        sig = _dir_signature(path)
-        with self._lock:
             hit = self._cache.get(rel)
-            if hit is not None and hit.signature == sig:
-                self._cache.move_to_end(rel)
-                return hit
-        run = RunDir.open(path)
-        meta = run.read_meta()
-        table, stats = run.read_steps()
-        sheet = stored_sheet(run, meta, table, stats)  # the index's, while files are as then
-        loaded = _Loaded(sig, meta, table, sheet, list(stats.problems), stats.skipped, stats)
+        if hit is not None and not hit.changed():
+            with self._lock:
+                if rel in self._cache:
+                    self._cache.move_to_end(rel)
+            return hit
+        run = Run.open(path)
         with self._lock:
-            self._cache[rel] = loaded
-            held = sum(x.nbytes for x in self._cache.values())
+            self._cache[rel] = run
+            self._cache.move_to_end(rel)
+        return run
+
+    def _load(self, rel: str) -> Run:
+        """The run with its table read (one reader per run at a time: the page asks for
+        a run's sheet and series at once, and the second request waits for the first)."""
+        run = self._open(rel)
+        with self._lock:
+            gate = self._loading.setdefault(rel, threading.Lock())
+        with gate:  # the table, and the sheet every full document shows
+            if len(run.read(require=False)[0]):
+                run.sheet()
+        with self._lock:
+            held = sum(_nbytes(x) for x in self._cache.values())
             while len(self._cache) > _CACHE_RUNS or (held > _CACHE_BYTES
                                                      and len(self._cache) > 1):
-                held -= self._cache.popitem(last=False)[1].nbytes
+                held -= _nbytes(self._cache.popitem(last=False)[1])
         self._samples.done(rel)  # its sample, if it had one, is not needed any more
-        return loaded
+        return run
 
     def _page(self, rel: str, kind: str, query: tuple[Any, ...], build: Any
               ) -> dict[str, Any]:
         """``build()``'s document, from the page cache when the run's files are as they
         were; kept there unless the run is still being written."""
-        key = run_key(self._path_of(rel), *query)
-        doc = self._pages.get(rel, kind, key)
+        run = self._open(rel)
+        doc = self._pages.get(rel, kind, run.key, query)
         if doc is None:
             doc = build()
             if doc.get("status", (doc.get("meta") or {}).get("status")) != "running" \
                     and not doc.get("partial"):
-                self._pages.put(rel, kind, key, doc)
+                self._pages.put(rel, kind, run.key, query, doc)
         return doc
 
     def _sampled(self, rel: str) -> Partial | None:
         """The sample of a run whose full read is long and under way (serve_partial), or
         None: the run is in memory, or quick to read."""
-        path = self._path_of(rel)
-        sig = _dir_signature(path)
-        with self._lock:
-            hit = self._cache.get(rel)
-            if hit is not None and hit.signature == sig:
-                return None
-        return self._samples.get(rel, RunDir.open(path), sig, lambda: self._load(rel))
+        run = self._open(rel)
+        if run.loaded_table is not None and run.known_sheet() is not None:
+            return None
+        return self._samples.get(rel, run, lambda: self._load(rel))
 
     def run(self, rel: str, with_findings: bool = True) -> dict[str, Any]:
         """Sheet, events, identity and environment, the latest profile, and (unless
@@ -190,12 +165,9 @@ class Dashboard:
         def build() -> dict[str, Any]:
             part = None if with_findings else self._sampled(rel)
             if part is not None:
-                doc = run_doc(rel, RunDir.open(self._path_of(rel)), part.table, part.meta,
-                              part.sheet, [], [], None)
+                doc = run_doc(rel, self._open(rel), [], sheet=part.sheet, read=False)
                 return {**doc, "partial": part.info}
-            loaded = self._load(rel)
-            return run_doc(rel, RunDir.open(self._path_of(rel)), loaded.table, loaded.meta,
-                           loaded.sheet, loaded.problems, [], loaded.read)
+            return run_doc(rel, self._load(rel), [])
 
         doc = self._page(rel, "run", (), build)
         if with_findings:
@@ -203,25 +175,17 @@ class Dashboard:
         return doc
 
     def findings(self, rel: str) -> dict[str, Any]:
-        """diagnose's findings of one run (cached with the loaded run, and on disk)."""
+        """The run's findings (``Run.findings``: cached with the run, and on disk)."""
         def build() -> dict[str, Any]:
-            loaded = self._load(rel)
-            found = self._findings(rel, loaded, RunDir.open(self._path_of(rel)))
+            run = self._load(rel)
+            with self._lock:
+                gate = self._diagnosing.setdefault(rel, threading.Lock())
+            with gate:  # a page opened meanwhile need not wait for them to draw its charts
+                found = run.findings() if len(run.table) else []
             return {"path": rel, "findings": [f.to_dict() for f in found],
-                    "status": loaded.meta.status}
+                    "status": run.meta.status}
 
         return self._page(rel, "findings", (), build)
-
-    def _findings(self, rel: str, loaded: _Loaded, run: RunDir) -> list[Finding]:
-        with self._lock:
-            gate = self._diagnosing.setdefault(rel, threading.Lock())
-        with gate:
-            if loaded.findings is None:
-                events, _ = run.read_events()
-                loaded.findings = (diagnose(loaded.table, loaded.meta, events=events,
-                                            conditions=run.read_conditions()).findings
-                                   if len(loaded.table) else [])
-            return loaded.findings
 
     def series(self, rel: str, max_points: int = 2000, heat_cols: int = 600,
                steps: tuple[int, int | None] | None = None) -> dict[str, Any]:
@@ -235,51 +199,38 @@ class Dashboard:
                 doc = series_doc(rel, part.table, part.sheet, part.meta, max_points,
                                  heat_cols)
                 return {**doc, "partial": part.info}
-            loaded = self._load(rel)
-            return series_doc(rel, loaded.table, loaded.sheet, loaded.meta, max_points,
-                              heat_cols, steps)
+            run = self._load(rel)
+            if not len(run.table):
+                return series_doc(rel, run.table, _empty_sheet(run), run.meta, max_points,
+                                  heat_cols, steps)
+            return {**run.series(max_points, heat_cols, steps), "path": rel}
 
         if steps is not None:  # a zoomed window: computed each time (its edge moves live)
             return build()
         return self._page(rel, "series", (max_points, heat_cols), build)
 
     def compare(self, rel_a: str, rel_b: str) -> dict[str, Any]:
-        """The A/B verdict of ``stepscope compare`` for two runs of the index."""
-        a, b = self._load(rel_a), self._load(rel_b)
-        run_a, run_b = RunDir.open(self._path_of(rel_a)), RunDir.open(self._path_of(rel_b))
-        result = compare_runs(a.table, a.meta, b.table, b.meta, run_a.read_events("eval")[0],
-                              run_b.read_events("eval")[0])
-        doc: dict[str, Any] = result.to_dict()
-        doc["paths"] = [rel_a, rel_b]
-        return doc
+        """Exactly the document ``stepscope compare A B --json`` prints (``Run.compare``)."""
+        return self._open(rel_a).compare_doc(self._open(rel_b))
 
 
-def run_doc(rel: str, run: RunDir, table: StepTable, meta: RunMeta, sheet: Sheet,
-            problems: Sequence[str], findings: Sequence[Finding] | None = None,
-            read: ReadStats | None = None) -> dict[str, Any]:
+def _empty_sheet(run: Run) -> Sheet:
+    from ..analysis.summary import summarize
+
+    return summarize(run.table, run.meta)
+
+
+def run_doc(rel: str, run: Run, findings: Sequence[Finding], *, sheet: Sheet | None = None,
+            read: bool = True) -> dict[str, Any]:
     """The run page's document: sheet, findings, shown events, identity, latest profile,
-    the sheet's text as the terminal shows it, and what the reader skipped (``read``)."""
-    events, _ = run.read_events()
-    shown = [e for e in events if e.get("type") in _SHOWN_EVENTS]
-    if findings is None:
-        findings = (diagnose(table, meta, events=events,
-                             conditions=run.read_conditions()).findings if len(table) else [])
-    return {"path": rel, "meta": meta.to_dict(), "sheet": sheet.to_dict(),
+    the sheet's text as the terminal shows it, and (``read``) what the reader skipped.
+    ``sheet``: another sheet than the run's (a sample's, for a first paint)."""
+    if sheet is None:
+        sheet = run.sheet() if len(run.table) else _empty_sheet(run)
+    shown = [e for e in run.events() if e.get("type") in _SHOWN_EVENTS]
+    stats = run.stats if read else None
+    return {"path": rel, "meta": run.meta.to_dict(), "sheet": sheet.to_dict(),
             "findings": [f.to_dict() for f in findings], "events": shown[-200:],
-            "read_problems": list(problems), "profile": latest_profile(run),
-            "text": sheet_text(sheet),
-            "read": {**read.to_dict(), "summary": read.summary()} if read else None}
-
-
-def latest_profile(run: RunDir) -> dict[str, Any] | None:
-    """The newest archived profile's analysis (written beside it by `stepscope run`)."""
-    dirs = run.profile_dirs()
-    for d in reversed(dirs):
-        f = d.with_name(d.name + ".analysis.json")
-        try:
-            doc: dict[str, Any] = orjson.loads(f.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            continue
-        doc["profile_dir"] = d.name
-        return doc
-    return {"profile_dir": dirs[-1].name, "status": "not analysed"} if dirs else None
+            "read_problems": list(stats.problems) if stats else [],
+            "profile": run.profile(), "text": sheet_text(sheet),
+            "read": {**stats.to_dict(), "summary": stats.summary()} if stats else None}

@@ -3,11 +3,10 @@
 A run page's first paint needs the sheet, the decimated series and (just after) the
 findings: computed from the whole step table, that is the run's full read (a 1,000,000 x
 8 run: ~2 GB in memory and tens of seconds). Once computed they are a few hundred KB, so
-``PageCache`` writes them to ``ROOT/.stepscope-pages/`` under a key of the run's files
-(sizes and mtimes of run.json, events.jsonl, the step files, profiles/ and conditions/),
-the query and the stepscope version. A later server (or the same one after the run left
-its memory) answers from the file without loading the table: first paint in milliseconds
-and memory that does not grow with the run.
+``PageCache`` writes them to ``ROOT/.stepscope-pages/`` under the run's state (``Run.key``,
+the one "has it changed" key every reader uses), the query and stepscope's code. A later
+server (or the same one after the run left its memory) answers from the file without
+loading the table: first paint in milliseconds and memory that does not grow with the run.
 
 Derived data only, like the index: a stale or unreadable file is a miss; a read-only root
 has no page cache; runs still being written are not kept (their key changes every step).
@@ -15,7 +14,7 @@ has no page cache; runs still being written are not kept (their key changes ever
 Example::
 
     pages = PageCache(Path("runs"))
-    doc = pages.get("exp1", "series", key) or build()
+    doc = pages.get("exp1", "series", run.key, (2000, 600)) or build()
 """
 
 from __future__ import annotations
@@ -23,33 +22,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from ..version import __version__
+from ..rundir.results import code_digest
 
-__all__ = ["PageCache", "PAGES_DIR", "run_key"]
+__all__ = ["PageCache", "PAGES_DIR"]
 
 PAGES_DIR = ".stepscope-pages"
-_FORMAT = 2  # bump when a document changes (2: x axes at the drawn steps only)
+_FORMAT = 3  # bump when a document changes (3: keyed by the run state)
 
 
-def _stat(p: Path) -> list[int]:
-    try:
-        st = p.stat()
-    except OSError:
-        return [-1, -1]
-    return [st.st_size, st.st_mtime_ns]
-
-
-def run_key(path: Path, *query: Any) -> list[Any]:
-    """What a run page's documents depend on: the run's files and the query."""
-    files = [path / "run.json", path / "events.jsonl", path / "profiles", path / "conditions"]
-    files += sorted((path / "steps").glob("rank-*.jsonl"))
-    return [_FORMAT, __version__, [p.name for p in files], [_stat(p) for p in files],
-            list(query)]
+def _key(state: str | None, query: Sequence[Any]) -> list[Any]:
+    return [_FORMAT, code_digest(), state, list(query)]
 
 
 class PageCache:
@@ -61,7 +49,12 @@ class PageCache:
     def _file(self, rel: str, kind: str) -> Path:
         return self.dir / f"{hashlib.sha1(rel.encode()).hexdigest()[:20]}.{kind}.json"
 
-    def get(self, rel: str, kind: str, key: list[Any]) -> dict[str, Any] | None:
+    def get(self, rel: str, kind: str, state: str | None, query: Sequence[Any]
+            ) -> dict[str, Any] | None:
+        """The document of ``rel`` stored for this state of its files and this query."""
+        if state is None:
+            return None
+        key = _key(state, query)
         try:
             stored = orjson.loads(self._file(rel, kind).read_bytes())
         except (OSError, orjson.JSONDecodeError):
@@ -72,8 +65,12 @@ class PageCache:
         doc: dict[str, Any] = stored["doc"]
         return doc
 
-    def put(self, rel: str, kind: str, key: list[Any], doc: dict[str, Any]) -> None:
+    def put(self, rel: str, kind: str, state: str | None, query: Sequence[Any],
+            doc: dict[str, Any]) -> None:
         """Best effort: a root that cannot be written has no page cache."""
+        if state is None:
+            return
+        key = _key(state, query)
         path = self._file(rel, kind)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

@@ -8,15 +8,16 @@ windows, every chart has points across the whole step range), marked ``"partial"
 documents with what was read; the page says so and asks again until the full documents
 come, which are the ones it would have got without the sample.
 
-The sheet of a partial document is the index's stored sheet when there is one (the real
-numbers), else one summarised from the sample, marked ``"sheet": "sample"`` (provisional:
-the page labels it). Partial documents are never kept in the page cache. A full read that
-failed is not sampled again: the next request reads and answers the error.
+The sheet of a partial document is the run's stored sheet when there is one (the real
+numbers, ``Run.known_sheet``), else one summarised from the sample, marked ``"sheet":
+"sample"`` (provisional: the page labels it). Partial documents are never kept in the page
+cache. A full read that failed is not sampled again: the next request reads and answers the
+error.
 
 Example::
 
     samples = Samples(partial_bytes=64 << 20, sample_bytes=16 << 20)
-    got = samples.get("exp1", RunDir.open("runs/exp1"), signature, start_full)
+    got = samples.get("exp1", Run.open("runs/exp1"), start_full)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from ..analysis.summary import Sheet, summarize
 from ..errors import StepscopeError
-from ..rundir.results import Stored
+from ..rundir.run import Run
 from ..rundir.steps_cache import uncached_bytes
 from ..rundir.steps_sample import sample_step_files
 from ..rundir.store import STEPS_DIR, RunDir
@@ -76,10 +77,11 @@ class Samples:
                 return True
         return False
 
-    def get(self, rel: str, run: RunDir, signature: Any, full: Callable[[], Any]
-            ) -> Partial | None:
-        """The sample of ``rel`` (made once per state of its files) with ``full()`` (the
-        full read) started in a thread, or None: read it whole (quick, or failed before)."""
+    def get(self, rel: str, run: Run, full: Callable[[], Any]) -> Partial | None:
+        """The sample of ``rel`` (made once per state of its files, ``run.key``) with
+        ``full()`` (the full read) started in a thread, or None: read it whole (quick, or
+        failed before)."""
+        signature = run.key
         with self._lock:
             if self._failed.get(rel) == signature:
                 return None
@@ -89,7 +91,7 @@ class Samples:
                 held = self._held.get(rel)
             if held is not None and held.signature == signature:
                 return held
-            if not self.slow(run):
+            if not self.slow(run.dir):
                 return None
             try:  # the sample first: the full read's processes would slow it down
                 made = self._make(run, signature)
@@ -125,16 +127,16 @@ class Samples:
 
         threading.Thread(target=fill, daemon=True, name=f"stepscope-load-{rel}").start()
 
-    def _make(self, run: RunDir, signature: Any) -> Partial | None:
-        meta = run.read_meta()
-        sample = sample_step_files(run.step_files(), self.sample_bytes)
+    def _make(self, run: Run, signature: Any) -> Partial | None:
+        meta = run.meta
+        sample = sample_step_files(run.dir.step_files(), self.sample_bytes)
         if not sample.records:
             return None
-        stored = Stored([run.path], "sheet", {}).get()
+        stored = run.known_sheet()
         if stored is not None:
-            sheet, origin = Sheet.from_dict(stored), "stored"
+            sheet, origin = stored, "stored"
         else:
-            sheet = summarize(sample.table, meta, conditions=run.read_conditions())
+            sheet = summarize(sample.table, meta, conditions=run.conditions)
             origin = "sample"
         info = {"records": sample.records, "estimated_records": sample.estimated_records,
                 "bytes_read": sample.bytes_read, "bytes_total": sample.bytes_total,

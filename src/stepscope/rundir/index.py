@@ -2,11 +2,11 @@
 
 The field report asks to "index every experiment: framework version, profiler output path,
 configuration, key metrics". ``build_index`` scans ROOT for run directories (reading them
-only through :class:`stepscope.rundir.store.RunDir`), and stores one row per run: identity,
-framework and stepscope versions, every baseline variable, the profile archive paths and the
-key metrics of both ledgers (``summary.summarize`` for speed; last loss and the latest eval
-values for quality). Re-running is incremental: a run whose run.json, step files, events
-file and profile list have the same size and mtime as last time is not read again.
+only through the read door, :class:`stepscope.rundir.run.Run`), and stores one row per run:
+identity, framework and stepscope versions, every baseline variable, the profile archive
+paths and the key metrics of both ledgers (``Run.sheet`` for speed: the sheet ``report``
+prints; last loss and the latest eval values for quality). Re-running is incremental: a run
+whose state (``Run.key``, the key every reader uses) is as last time is not read again.
 A corrupt or partial run is listed in ``skipped`` with the reason; it never aborts the scan.
 
 Example::
@@ -30,16 +30,17 @@ from typing import Any
 import orjson
 
 from ..analysis.compare.quality import latest_evals
-from ..analysis.summary import Sheet, summarize
+from ..analysis.summary import Sheet
 from ..errors import ConfigError, RunDirError, StepscopeError
 from ..proc.engine import map_items
-from ..schema import BASELINE_FIELDS, RunMeta, StepTable
-from .results import Stored
-from .store import ReadStats, RunDir, is_run_dir, utc_stamp
+from ..schema import BASELINE_FIELDS
+from .results import run_state
+from .run import Run
+from .store import RunDir, is_run_dir, utc_stamp
 
 __all__ = [
     "INDEX_FILE", "COLUMNS", "IndexStats", "Skipped", "IndexResult", "build_index",
-    "query_index", "parse_where", "best_config", "skipped_runs", "stored_sheet",
+    "query_index", "parse_where", "best_config", "skipped_runs",
 ]
 
 INDEX_FILE = ".stepscope-index.sqlite"
@@ -107,13 +108,6 @@ def _stat(path: Path) -> str:
     return f"{st.st_size}:{st.st_mtime_ns}"
 
 
-def _signature(run: RunDir) -> str:
-    parts = [_stat(run.meta_path), _stat(run.events_path)]
-    parts += [f"{f.name}={_stat(f)}" for f in run.step_files()]
-    parts += [p.name for p in run.profile_dirs()]
-    return "|".join(parts)
-
-
 def _scalar(value: Any) -> Any:
     """SQLite holds numbers and text; anything else is stored as its JSON text."""
     if value is None or isinstance(value, (int, float, str)):
@@ -121,40 +115,22 @@ def _scalar(value: Any) -> Any:
     return orjson.dumps(value, default=str).decode()
 
 
-def _sheet(run: RunDir, meta: RunMeta) -> Sheet:
-    """The run's sheet: from its summary store while its files are unchanged since the
-    sheet was made (``_summary_store``), else summarised from the records (and stored)."""
-    entry = Stored([run.path], "sheet", {})
-    doc = entry.get()
-    if doc is not None:
-        return Sheet.from_dict(doc)
-    table, stats = run.read_steps()
+def _sheet(run: Run) -> Sheet:
+    """The run's sheet (``Run.sheet``: from its results store while its files are
+    unchanged), or the one-line reason a run without steps is skipped."""
+    sheet = run.known_sheet()
+    if sheet is not None:
+        return sheet
+    table, stats = run.read(require=False)
     if not len(table):
         raise RunDirError(f"no step records yet ({stats.files} step files, "
                           f"{stats.skipped} corrupt records)")
-    return _summarise(run, meta, table, stats, entry)
+    return run.sheet()
 
 
-def stored_sheet(run: RunDir, meta: RunMeta, table: StepTable, stats: ReadStats) -> Sheet:
-    """The sheet ``index`` keeps for this state of the run (the same store entry), for a
-    caller that has read the table anyway (the dashboard): summarised only when absent."""
-    entry = Stored([run.path], "sheet", {})
-    doc = entry.get()
-    return Sheet.from_dict(doc) if doc is not None else _summarise(run, meta, table, stats,
-                                                                   entry)
-
-
-def _summarise(run: RunDir, meta: RunMeta, table: StepTable, stats: ReadStats,
-               entry: Stored) -> Sheet:
-    sheet = summarize(table, meta, skipped_records=stats.skipped,
-                      conditions=run.read_conditions())
-    entry.put(sheet.to_dict())
-    return sheet
-
-
-def _read_row(run: RunDir, rel: str, signature: str) -> dict[str, Any]:
-    meta = run.read_meta()
-    sheet = _sheet(run, meta)
+def _read_row(run: Run, rel: str, signature: str) -> dict[str, Any]:
+    meta = run.meta
+    sheet = _sheet(run)
     env = meta.environment
     row: dict[str, Any] = {
         "path": rel, "run_id": meta.run_id, "name": meta.name or meta.run_id,
@@ -169,8 +145,8 @@ def _read_row(run: RunDir, rel: str, signature: str) -> dict[str, Any]:
     row["tokens_per_s_per_device"] = (sheet.tokens_per_s / float(devices)
                                       if sheet.tokens_per_s else None)
     evals = {name: by_step[max(by_step)]
-             for name, by_step in latest_evals(run.read_events("eval")[0]).items()}
-    row["profiles"] = _scalar([str(p.relative_to(run.path)) for p in run.profile_dirs()])
+             for name, by_step in latest_evals(run.events("eval")).items()}
+    row["profiles"] = _scalar([str(p.relative_to(run.path)) for p in run.dir.profile_dirs()])
     row["evals"] = _scalar(evals)
     row["signature"] = signature
     row["indexed_utc"] = utc_stamp()
@@ -243,7 +219,7 @@ def _plan_one(con: sqlite3.Connection, root: Path, path: Path, complete: bool,
         result.skipped.append(Skipped(rel, reason))
         stats.skipped += 1
         return None
-    sig = _signature(RunDir(path))
+    sig = run_state(path) or "-"  # the one "has this run changed" key (Run.key)
     if known.get(rel) == sig:
         stats.unchanged += 1
         return None
@@ -256,7 +232,7 @@ def _row_or_reason(task: tuple[str, str, str]) -> tuple[str, dict[str, Any] | st
     outside any transaction, so a concurrent indexer is not held up meanwhile."""
     path, rel, sig = task
     try:
-        return rel, _read_row(RunDir(path), rel, sig)
+        return rel, _read_row(Run(RunDir(path), key=sig), rel, sig)
     except StepscopeError as exc:
         return rel, str(exc)
     except Exception as exc:  # a reader bug on one corrupt run must not abort the scan

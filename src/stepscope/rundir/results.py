@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-__all__ = ["Stored", "SUMMARY_DIR", "run_files_identity"]
+__all__ = ["Stored", "SUMMARY_DIR", "run_files_identity", "run_state"]
 
 SUMMARY_DIR = "summary"
-_FORMAT = "stepscope-summary-1"
+_FORMAT = "stepscope-summary-2"
 # Written by the commands themselves: never an input of an analysis.
 _OUTPUTS = frozenset({".cache", "report.html"})
 _DUMP = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
@@ -72,8 +72,9 @@ def code_digest() -> str:
 
 
 def run_files_identity(path: Path) -> list[list[Any]] | None:
-    """``[relative path, *identity]`` of every input file of a run directory, in a fixed
-    order; None when it cannot be listed."""
+    """``[relative path, *identity]`` of every input file of a run directory, and
+    ``[relative path + "/"]`` of every folder (a new, still empty profile archive is a
+    change), in a fixed order; None when it cannot be listed."""
     out: list[list[Any]] = []
     try:
         for dirpath, dirnames, filenames in os.walk(path, onerror=_raise):
@@ -81,6 +82,7 @@ def run_files_identity(path: Path) -> list[list[Any]] | None:
             dirnames[:] = sorted(d for d in dirnames
                                  if not (top and (d in _OUTPUTS or d.startswith("."))))
             rel = Path(dirpath).relative_to(path).as_posix()
+            out.extend([f"{rel}/{d}/"] for d in dirnames)
             for name in sorted(filenames):
                 if top and (name in _OUTPUTS or name.startswith(".")):
                     continue
@@ -88,6 +90,13 @@ def run_files_identity(path: Path) -> list[list[Any]] | None:
     except OSError:
         return None
     return out
+
+
+def run_state(path: Path) -> str | None:
+    """The one "has this run changed" key: a digest of every input file's identity
+    (``run_files_identity``); None when the directory cannot be listed or holds nothing."""
+    ids = run_files_identity(Path(path))
+    return _digest(ids) if ids else None
 
 
 def _identity(path: str) -> list[Any]:
@@ -115,23 +124,26 @@ class Stored:
     as they are now, else None; ``put`` stores one when they are still as ``get`` saw them.
     """
 
-    def __init__(self, runs: Sequence[Path], name: str, params: Any) -> None:
+    def __init__(self, runs: Sequence[Path], name: str, params: Any,
+                 states: Sequence[str | None] | None = None) -> None:
         self._runs = [Path(r) for r in runs]
         self._params = params
         self._file = (self._runs[0] / ".cache" / SUMMARY_DIR
                       / f"{name}-{_digest([name, params])[:12]}.json")
-        self._key = self._state()
+        self._key = self._state(states)
 
     @property
     def key(self) -> str | None:
         """The state of the files this entry was made for (None: no usable state)."""
         return self._key
 
-    def _state(self) -> str | None:
-        ids = [run_files_identity(r) for r in self._runs]
-        if any(i is None or not i for i in ids):
+    def _state(self, states: Sequence[str | None] | None = None) -> str | None:
+        """The entry's key: the runs' states (``run_state``; ``states`` when the caller
+        has them), stepscope's code and the parameters."""
+        now = list(states) if states is not None else [run_state(r) for r in self._runs]
+        if any(s is None for s in now):
             return None
-        return _digest([_FORMAT, code_digest(), self._params, ids])
+        return _digest([_FORMAT, code_digest(), self._params, now])
 
     def get(self) -> Any | None:
         if self._key is None:
