@@ -402,10 +402,27 @@ class Recorder:
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if et is None or issubclass(et, (KeyboardInterrupt, SystemExit)) and not e:
-            self.close()
-        else:
-            self.close(status="failed", error=f"{et.__name__}: {e}")
+        status, error = _exit_outcome(et, e)
+        self.close(status=status, error=error)
+
+
+def _exit_outcome(et: type[BaseException] | None, e: BaseException | None
+                 ) -> tuple[str, str | None]:
+    """run.json's (status, error) for leaving a ``with Recorder`` block this way.
+
+    The rule: ``finished`` exactly when the process would exit with status 0 from it, so
+    run.json agrees with the launcher (which marks a non-zero exit ``failed``). So
+    ``sys.exit()``, ``sys.exit(0)`` and ``SystemExit(None)`` finish; ``sys.exit(3)`` fails
+    with ``SystemExit: 3``; a KeyboardInterrupt fails (Python exits 130 from it: the run
+    was stopped, not completed, as with SIGTERM), as does any other exception.
+    """
+    if et is None:
+        return "finished", None
+    if isinstance(e, SystemExit) and (e.code is None or
+                                      isinstance(e.code, int) and e.code == 0):
+        return "finished", None
+    text = str(e) if e is not None else ""
+    return "failed", f"{et.__name__}: {text}" if text else et.__name__
 
 
 def _as_meta(path: Path, meta: RunMeta | Mapping[str, Any] | None) -> RunMeta:
