@@ -125,6 +125,7 @@ _MOVED = {
     "stepscope.launch": "stepscope.launcher.instrument",
     "stepscope.supervise": "stepscope.launcher.supervise",
     "stepscope.engine": "stepscope.proc.engine",
+    "stepscope.record.plug_env": "stepscope.plugs",  # the env-var names, merged into the board
     "stepscope.analysis.findings": "stepscope.findings",
     "stepscope.analysis.environment": "stepscope.analysis.env_evidence",
     "stepscope.analysis.compare.scaling": "stepscope.analysis.compare.scaling_efficiency",

@@ -246,7 +246,7 @@ def test_import_stepscope_stays_light() -> None:
     mods = _imported("import stepscope")
     assert _heavy(mods, ("torch", "mindspore", "matplotlib", "numpy", "rich",
                          "stepscope.analysis", "stepscope.traces",
-                         "stepscope.record.recorder")) == []
+                         "stepscope.record.recorder", "stepscope.plugs")) == []
     assert stepscope.Recorder.__module__ == "stepscope.record.recorder"  # lazily, on first use
 
 

@@ -134,6 +134,47 @@ def test_exception_marks_run_failed(tmp_path: Path) -> None:
     assert meta.status == "failed" and meta.error == "ValueError: boom"
 
 
+# A script that leaves `with Recorder(...)` the way argv[2] says, after two steps.
+_EXIT_CHILD = textwrap.dedent("""
+    import sys
+    from stepscope import Recorder
+    how = sys.argv[2]
+    with Recorder(sys.argv[1]) as rec:
+        for _ in range(2):
+            with rec.step(tokens=1):
+                pass
+        if how == "exit0":
+            sys.exit(0)
+        if how == "none":
+            raise SystemExit(None)
+        if how == "exit3":
+            sys.exit(3)
+        if how == "interrupt":
+            raise KeyboardInterrupt
+        raise ValueError("boom")
+""")
+
+
+@pytest.mark.parametrize(("how", "rc", "status", "error"), [
+    ("exit0", 0, "finished", None),
+    ("none", 0, "finished", None),
+    ("exit3", 3, "failed", "SystemExit: 3"),
+    ("interrupt", -signal.SIGINT, "failed", "KeyboardInterrupt"),
+    ("raise", 1, "failed", "ValueError: boom"),
+])
+def test_leaving_the_recorder_records_what_the_exit_status_says(
+        tmp_path: Path, how: str, rc: int, status: str, error: str | None) -> None:
+    run = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-c", _EXIT_CHILD, str(run), how],
+                         capture_output=True, text=True, timeout=120)
+    # Python >= 3.8 dies of SIGINT after an uncaught KeyboardInterrupt.
+    assert res.returncode in (rc, 130 if rc == -signal.SIGINT else rc), res.stderr
+    meta = RunDir.open(run).read_meta()
+    assert (meta.status, meta.error) == (status, error)
+    table, _ = RunDir.open(run).read_steps()
+    assert len(table) == 2
+
+
 def test_full_disk_warns_once_and_training_continues(tmp_path: Path) -> None:
     # /dev/full is a real device whose writes fail with ENOSPC, as on a full disk.
     if not os.path.exists("/dev/full"):

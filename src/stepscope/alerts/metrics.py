@@ -116,7 +116,8 @@ class MetricsExporter:
     def on_alert(self, alert: Alert) -> None:
         self._alerts.labels(**self._labels, rule=alert.rule).inc()
 
-    def close(self) -> None:
+    def close(self, status: str = "finished") -> None:
+        """Stop serving (``status``, the plug protocol's, changes nothing here)."""
         self._server.shutdown()
         self._server.server_close()
 

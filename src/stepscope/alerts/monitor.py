@@ -1,14 +1,15 @@
 """The in-process live half: rules on the writer thread, the stall watchdog, delivery.
 
-``attach`` subscribes the live rules to a recorder's step records (they run on the writer
-thread, after each batch is written: the training thread's hot path does not change),
-starts the stall watchdog and the sender thread. Nothing it does can raise into training
+The plug board (``stepscope.plugs``) starts :func:`alerts_plug` and :func:`metrics_plug` on
+a recorder configured for them: the live rules see the step records on the writer thread,
+after each batch is written (the training thread's hot path does not change); the stall
+watchdog and the sender thread start with the plug. Nothing it does can raise into training
 after it started; a bad alert file raises before (explicit ``alerts=``) or is warned about
 and ignored (``STEPSCOPE_ALERTS`` picked up by an entry point that cannot stop).
 
 Example::
 
-    rec = stepscope.Recorder("runs/exp1", alerts="alerts.toml")   # calls attach()
+    rec = stepscope.Recorder("runs/exp1", alerts="alerts.toml")   # starts alerts_plug
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import StepscopeError
-from ..record.plug_env import ALERTS_ENV
+from ..plugs import ALERTS_ENV, PlugContext, metrics_port
 from ..rundir.store import RunDir
 from .config import AlertsConfig, load_alerts_config
 from .delivery import CLOSE_WAIT_S, Dispatcher
@@ -33,7 +34,7 @@ from .rules import LiveRules
 from .tail import JsonlTail
 from .watchdog import StallWatchdog
 
-__all__ = ["LiveMonitor", "LiveHandle", "attach", "start", "ENV_VAR"]
+__all__ = ["LiveMonitor", "attach", "alerts_plug", "metrics_plug", "ENV_VAR"]
 
 ENV_VAR = ALERTS_ENV
 
@@ -111,8 +112,9 @@ class LiveMonitor:
             self.on_alert(alert)
         self.dispatcher.submit(alert)
 
-    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
-        """Stop the watchdog; give delivery at most ``timeout_s`` (the rest stays pending)."""
+    def close(self, status: str = "finished", timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Stop the watchdog; give delivery at most ``timeout_s`` (the rest stays pending).
+        ``status`` (the plug protocol's) changes nothing: alerts were sent as they fired."""
         if self.watchdog is not None:
             self.watchdog.stop()
         self.dispatcher.close(timeout_s)
@@ -133,45 +135,31 @@ def _config(alerts: str | os.PathLike[str] | None) -> AlertsConfig | None:
 
 def attach(rec: _Recorder, alerts: str | os.PathLike[str] | None = None
            ) -> LiveMonitor | None:
-    """Attach live alerts to ``rec`` from ``alerts`` or ``$STEPSCOPE_ALERTS``; else None."""
-    config = _config(alerts)
-    if config is None:
-        return None
-    monitor = LiveMonitor(config, rec.run, rec.rank, lambda: rec.steps_recorded,
-                          threading.get_ident())
-    rec.add_listener(monitor.on_records)
+    """Attach live alerts to a recorder made without them, from ``alerts`` or
+    ``$STEPSCOPE_ALERTS``; else None. Close the result after the recorder."""
+    monitor = alerts_plug(PlugContext(run=rec.run, rank=rec.rank,
+                                      progress=lambda: rec.steps_recorded, alerts=alerts))
+    if monitor is not None:
+        rec.add_listener(monitor.on_records)
     return monitor
 
 
-class LiveHandle:
-    """What a recorder holds while alerts and metrics run; ``close`` at the recorder's."""
-
-    def __init__(self, monitor: LiveMonitor | None, exporter: MetricsExporter | None) -> None:
-        self.monitor, self.exporter = monitor, exporter
-
-    def close(self) -> None:
-        if self.monitor is not None:
-            self.monitor.close()
-        if self.exporter is not None:
-            self.exporter.close()
-
-
-def _exporter(rec: _Recorder, port: int, explicit: bool) -> MetricsExporter | None:
+def _exporter(run: RunDir, rank: int, port: int, explicit: bool) -> MetricsExporter | None:
     local = os.environ.get("LOCAL_RANK", "0")
     try:
-        meta = rec.run.read_meta()
+        meta = run.read_meta()
         name = meta.name or meta.run_id
     except Exception:
-        name = rec.run.path.name
+        name = run.path.name
 
     def flops() -> tuple[float, float] | None:
         try:
-            return flops_from_meta(rec.run.read_meta().environment)
+            return flops_from_meta(run.read_meta().environment)
         except Exception:
             return None
 
     try:
-        return MetricsExporter(port, name, rec.rank, int(local) if local.isdigit() else 0,
+        return MetricsExporter(port, name, rank, int(local) if local.isdigit() else 0,
                                flops=flops)
     except StepscopeError as exc:
         if explicit:
@@ -180,15 +168,26 @@ def _exporter(rec: _Recorder, port: int, explicit: bool) -> MetricsExporter | No
         return None
 
 
-def start(rec: _Recorder, alerts: str | os.PathLike[str] | None, port: int | None,
-          explicit_port: bool = False) -> LiveHandle | None:
-    """Alerts and metrics for ``rec`` as configured; None when neither is."""
-    monitor = attach(rec, alerts)
-    exporter = _exporter(rec, port, explicit_port) if port is not None else None
-    if exporter is not None:
-        rec.add_listener(exporter.on_records)
-        if monitor is not None:
-            monitor.on_alert = exporter.on_alert
-    if monitor is None and exporter is None:
+def alerts_plug(ctx: PlugContext) -> LiveMonitor | None:
+    """The plug board's ``alerts``: live alerts from ``Recorder(alerts=)`` or
+    ``$STEPSCOPE_ALERTS``; None when neither names a file."""
+    config = _config(ctx.alerts)
+    if config is None:
         return None
-    return LiveHandle(monitor, exporter)
+    # The factory runs in the Recorder's constructor: this is the training thread, the one
+    # the stall watchdog samples.
+    return LiveMonitor(config, ctx.run, ctx.rank, ctx.progress, threading.get_ident())
+
+
+def metrics_plug(ctx: PlugContext) -> MetricsExporter | None:
+    """The plug board's ``metrics``: Prometheus ``/metrics`` on ``Recorder(metrics_port=)``
+    or ``$STEPSCOPE_METRICS_PORT`` (+ local rank), counting the ``alerts`` plug's alerts.
+    An explicit port that cannot be served raises; one from the environment warns."""
+    port = metrics_port(ctx.metrics_port)
+    if port is None:
+        return None
+    exporter = _exporter(ctx.run, ctx.rank, port, explicit=ctx.metrics_port is not None)
+    monitor = ctx.started.get("alerts")
+    if exporter is not None and isinstance(monitor, LiveMonitor):
+        monitor.on_alert = exporter.on_alert
+    return exporter

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..record.plug_env import ALERTS_ENV, METRICS_PORT_ENV
+from ..plugs import ALERTS_ENV, METRICS_PORT_ENV
 from .config import load_alerts_config
 
 __all__ = ["live_env", "flush_after_run"]

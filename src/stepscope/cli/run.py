@@ -154,7 +154,7 @@ def _export_env(tensorboard_dir: str | None, mlflow_uri: str | None,
                 experiment: str) -> dict[str, str]:
     """The live export's variables for the children; a missing library is an error here,
     before training starts, not a warning inside it."""
-    from ..record.plug_env import MLFLOW_ENV, MLFLOW_EXPERIMENT_ENV, TENSORBOARD_ENV
+    from ..plugs import MLFLOW_ENV, MLFLOW_EXPERIMENT_ENV, TENSORBOARD_ENV
     from ..report.export import require_library
 
     env: dict[str, str] = {}

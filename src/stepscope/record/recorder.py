@@ -47,18 +47,19 @@ import atexit
 import math
 import os
 import resource
+import socket
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ..plugs import start_plugs
 from ..rundir.store import RunDir, utc_stamp
 from ..schema import STEP_COLUMN_NAMES, RunMeta
 from .conditions import ConditionLog
-from .plugs import start_live
 from .rank import resolve_rank
 from .records import UNSET, RowLayout, encode_value
 from .writer import Listener, RowQueue
@@ -150,6 +151,9 @@ class Recorder:
             thread, a stall watchdog, chat webhooks. Default ``$STEPSCOPE_ALERTS``.
         metrics_port: serve Prometheus ``/metrics`` on this port + local rank.
             Default ``$STEPSCOPE_METRICS_PORT``; off when neither is set.
+        plugs: more plugs to start by name, registered or installed (the
+            ``stepscope.plugs`` entry points); ``$STEPSCOPE_PLUGS`` adds to them. Alerts,
+            metrics and the live export are plugs too (see ``stepscope.plugs``).
     """
 
     def __init__(
@@ -171,6 +175,7 @@ class Recorder:
         conditions: bool = True,
         alerts: str | os.PathLike[str] | None = None,
         metrics_port: int | None = None,
+        plugs: Sequence[str] = (),
     ) -> None:
         self.rank = resolve_rank() if rank is None else int(rank)
         self._clock = clock
@@ -204,7 +209,11 @@ class Recorder:
         self._phases: dict[str, _Phase] = {}
         self._handle = Step(self)
         self._closed = False
-        self._live = start_live(self, alerts, metrics_port)
+        # Lets `stepscope watch` tell a killed process from a slow one.
+        self.run.append_event({"type": "process", "rank": self.rank, "pid": os.getpid(),
+                               "hostname": socket.gethostname()})
+        self._plugs = start_plugs(self, alerts=alerts, metrics_port=metrics_port,
+                                  names=plugs)
         _LIVE.add(self)
 
     # -- hot path ----------------------------------------------------------------------
@@ -379,8 +388,7 @@ class Recorder:
         self.dropped += self._queue.dropped
         if self._queue.dropped:
             self.run.report_loss(self.rank, self.dropped, self._queue.first_error)
-        if self._live is not None:  # after the last records went through the rules
-            self._live.close(status)
+        self._plugs.close(status)  # after the last records went through them
         if self.rank == 0:
             try:
                 self.run.finish(status, error, self.dropped, self._queue.first_error)
@@ -394,10 +402,27 @@ class Recorder:
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if et is None or issubclass(et, (KeyboardInterrupt, SystemExit)) and not e:
-            self.close()
-        else:
-            self.close(status="failed", error=f"{et.__name__}: {e}")
+        status, error = _exit_outcome(et, e)
+        self.close(status=status, error=error)
+
+
+def _exit_outcome(et: type[BaseException] | None, e: BaseException | None
+                 ) -> tuple[str, str | None]:
+    """run.json's (status, error) for leaving a ``with Recorder`` block this way.
+
+    The rule: ``finished`` exactly when the process would exit with status 0 from it, so
+    run.json agrees with the launcher (which marks a non-zero exit ``failed``). So
+    ``sys.exit()``, ``sys.exit(0)`` and ``SystemExit(None)`` finish; ``sys.exit(3)`` fails
+    with ``SystemExit: 3``; a KeyboardInterrupt fails (Python exits 130 from it: the run
+    was stopped, not completed, as with SIGTERM), as does any other exception.
+    """
+    if et is None:
+        return "finished", None
+    if isinstance(e, SystemExit) and (e.code is None or
+                                      isinstance(e.code, int) and e.code == 0):
+        return "finished", None
+    text = str(e) if e is not None else ""
+    return "failed", f"{et.__name__}: {text}" if text else et.__name__
 
 
 def _as_meta(path: Path, meta: RunMeta | Mapping[str, Any] | None) -> RunMeta:

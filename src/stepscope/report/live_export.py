@@ -1,11 +1,11 @@
 """Live export while training: each batch of step records to TensorBoard and MLflow.
 
 ``stepscope run --tensorboard DIR --mlflow URI`` sets ``STEPSCOPE_TENSORBOARD`` and
-``STEPSCOPE_MLFLOW`` for the training command; every Recorder of it then attaches a
-:class:`LiveExport` to its writer thread's listener list (``Recorder.add_listener``), so the
-training thread never waits on either library. The series are those of
-``analysis.series.step_series`` (what ``stepscope export`` writes after the run), computed
-on each batch:
+``STEPSCOPE_MLFLOW`` for the training command; in every Recorder of it the plug board
+(``stepscope.plugs``) then starts a :class:`LiveExport` (:func:`plug`) on its writer
+thread's listener list, so the training thread never waits on either library. The series
+are those of ``analysis.series.step_series`` (what ``stepscope export`` writes after the
+run), computed on each batch:
 
 - one process (one rank): every series, exactly as the after-the-run export;
 - several ranks: each rank writes its own step time (``ranks/NNNNN/step_time_s``, up to
@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 
 from ..analysis.series import MAX_RANK_SERIES, step_series
-from ..record.plug_env import MLFLOW_ENV, MLFLOW_EXPERIMENT_ENV, TENSORBOARD_ENV
+from ..plugs import MLFLOW_ENV, MLFLOW_EXPERIMENT_ENV, TENSORBOARD_ENV, PlugContext
 from ..schema import AnyArray, StepTable
 from .export import baseline_params, mlflow_status, require_library
 
-__all__ = ["LiveExport", "attach", "start_from_env", "DEFAULT_EXPERIMENT"]
+__all__ = ["LiveExport", "attach", "plug", "DEFAULT_EXPERIMENT"]
 
 DEFAULT_EXPERIMENT = "stepscope"
 # The lowest rank's series (analysis.series.SERIES, "first" over ranks): the same whichever
@@ -216,11 +216,12 @@ def attach(rec: Any, tensorboard: str | os.PathLike[str] | None = None,
     return live
 
 
-def start_from_env(rec: Any) -> LiveExport | None:
-    """:func:`attach` as ``stepscope run --tensorboard/--mlflow`` asked (None if neither)."""
+def plug(ctx: PlugContext) -> LiveExport | None:
+    """The plug board's ``live_export``: export as ``stepscope run --tensorboard/--mlflow``
+    asked through the environment (None if it asked for neither)."""
     tb = os.environ.get(TENSORBOARD_ENV, "").strip()
     uri = os.environ.get(MLFLOW_ENV, "").strip()
     if not tb and not uri:
         return None
     experiment = os.environ.get(MLFLOW_EXPERIMENT_ENV, "").strip() or DEFAULT_EXPERIMENT
-    return attach(rec, tb or None, uri or None, experiment)
+    return LiveExport(ctx.run, ctx.rank, tb or None, uri or None, experiment)

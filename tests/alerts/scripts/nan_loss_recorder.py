@@ -29,8 +29,7 @@ for step in range(steps):
         rec.flush()  # the rule runs on the writer thread now, not at the next flush
         time.sleep(0.5)  # the sender thread picks the alert up and blocks on the endpoint
 if args.then == "close":
-    # the sender thread, to show close did not wait (the alerts part of the live handles)
-    alerts = next(p for p in rec._live.parts if hasattr(p, "monitor"))
-    dispatcher = alerts.monitor.dispatcher
+    # the sender thread, to show close did not wait (the recorder's alerts plug)
+    dispatcher = rec._plugs.get("alerts").dispatcher
     rec.close()
     print(json.dumps({"sender_busy_after_close": dispatcher._thread.is_alive()}), flush=True)
