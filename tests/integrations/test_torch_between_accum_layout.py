@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from stepscope.calc import flopsrun
 from stepscope.integrations.torch import accum, between, closure, layout
 from stepscope.integrations.torch.readers import StepData
 
@@ -122,7 +123,7 @@ def test_lookup_only_embeddings_untied_counted_tied_kept() -> None:
     tied = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 8, bias=False))
     tied[1].weight = tied[0].weight
     assert layout.lookup_only_params(tied) == 0
-    fields = layout.six_n_matmul(1000, 200)
+    fields = flopsrun.six_n_matmul(1000, 200)
     assert fields["flops_per_token"] == 4800.0 and "200 embedding-lookup" in \
         fields["flops_convention"]
     assert math.isclose(fields["hardware_flops_per_token"], 4800.0)
@@ -130,7 +131,6 @@ def test_lookup_only_embeddings_untied_counted_tied_kept() -> None:
 
 def test_run_flops_by_convention_reproduces_nanogpt_estimate_mfu() -> None:
     from stepscope.errors import ConfigError
-    from stepscope.integrations.torch import flopsrun
 
     shape = {"layers": 2, "heads": 2, "hidden": 32, "vocab": 64, "position_params": 16 * 32}
     table = flopsrun.by_convention(num_params=27520 + 512, lookups=512, seq_len=16,

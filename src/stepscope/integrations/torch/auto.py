@@ -43,7 +43,7 @@ Switches (environment of the child; set by ``stepscope run`` or ``stepscope isol
                                ``STEPSCOPE_PROFILE_DIR``
 ``STEPSCOPE_CROSS_RANK_EVERY`` steps between cross-rank gathers (default 20, 0 = off)
 ``STEPSCOPE_FLOPS_CONVENTION`` the MFU's FLOPs convention (default ``matmul``; see
-                               :mod:`.flopsrun`)
+                               :mod:`stepscope.calc.flopsrun`)
 =============================  ==============================================================
 
 Every hook body is wrapped: a failure inside stepscope is counted and warned about once,

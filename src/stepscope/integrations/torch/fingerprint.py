@@ -22,9 +22,10 @@ import time
 import zlib
 from typing import Any
 
+from ...calc import flopsrun
 from ...errors import ConfigError
 from ...findings import Finding
-from . import ddp, flopcount, flopsrun
+from . import ddp, flopcount
 from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
 from .state import AutoState
 
