@@ -12,7 +12,7 @@ from torch import nn
 
 from stepscope.calc import flopsrun
 from stepscope.integrations.torch import accum, between, closure, layout
-from stepscope.integrations.torch.readers import StepData
+from stepscope.integrations.torch.pending import StepData
 
 
 def test_between_steps_time_moves_the_step_start_and_clears_eval_fetches() -> None:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from stepscope.integrations.torch import between
-from stepscope.integrations.torch.readers import StepData
+from stepscope.integrations.torch.pending import StepData
 from stepscope.rundir.store import RunDir
 from support.script_log import ScriptRun, assert_no_warning, run_under_stepscope
 

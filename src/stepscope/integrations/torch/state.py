@@ -31,17 +31,9 @@ from ...record.recorder import Recorder
 from ...record.session import StepSession
 from . import accum, between, ddp, evalloss, firststep, flopcount, frameworks, layout, loops
 from .marks import PhaseMarks
+from .pending import StepData, emit
 from .probes import MemProbe, batch_counts
-from .readers import (
-    StepData,
-    call_kwargs,
-    dist_rank,
-    emit,
-    grad_norm_tensor,
-    scalar,
-    scale_of,
-    shape_of,
-)
+from .readers import call_kwargs, dist_rank, grad_norm_tensor, scalar, scale_of, shape_of
 from .settings import Settings
 
 _NAN = math.nan
