@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ...record.signals import install_sigterm_finaliser
-from . import closure, ddp, loops
+from . import closure, ddp, loops, profiling
 from . import fingerprint as meta
 from .clipnorm import watch_clip_norms
 from .replay import Replay
@@ -58,7 +58,7 @@ def _plug_meta(st: AutoState) -> None:
     st.on_optimizer = lambda s, opt: meta.note_optimizer(s.baseline, opt)
     st.before_optimizer_step = meta.maybe_cross_rank
     st.after_boundary = meta.after_boundary
-    st.before_close = meta.stop_profiler
+    st.before_close = profiling.stop_profiler
     st.at_close = meta.write_summary
 
 
