@@ -59,16 +59,19 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._afterimport import AfterImport
 from .settings import ENV_PREFIX, Settings, parse_steps
+
+if TYPE_CHECKING:  # imported with torch, by install
+    from .state import AutoState
 
 __all__ = ["Settings", "bootstrap", "install", "active", "parse_steps", "ENV_PREFIX"]
 
 
 
-_STATE: Any = None  # the AutoState of this process once torch is imported
+_STATE: AutoState | None = None  # this process's state once torch is imported
 
 
 def active() -> bool:
@@ -76,7 +79,7 @@ def active() -> bool:
     return _STATE is not None or bool(os.environ.get(ENV_PREFIX + "RUN_DIR"))
 
 
-def install(settings: Settings) -> Any:
+def install(settings: Settings) -> AutoState:
     """Install the hooks now (torch must be importable); returns the process state."""
     global _STATE
     if _STATE is not None:

@@ -1,8 +1,14 @@
-"""Finished steps of the zero-code instrumentation: the step's numbers and their emission.
+"""Steps of the zero-code instrumentation: the open step, the finished ones, their emission.
 
-A step's numbers are accumulated in a :class:`StepData`; :func:`emit` turns one finished
-step into a recorder row (device phase times from CUDA event pairs, blocking
-communication taken out of the phase it interrupted).
+A step's numbers are accumulated in a :class:`StepData` (the :class:`OpenStep`'s
+``cur``); at the step boundary the whole step is queued in :class:`PendingSteps` and
+:func:`emit` later turns it into a recorder row (device phase times from CUDA event
+pairs, blocking communication taken out of the phase it interrupted). A half-finished
+step (evaluation after the last optimizer step, a crash) is never written.
+
+On CUDA, rows are emitted one step late: loss, gradient norm, loss scale and the CUDA
+events of the communication timer are read once the device has finished them, so that no
+host synchronisation is added to any step.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 from ...record.session import StepSession
 from . import accum, ddp
 from .between import COLUMNS as BETWEEN_COLUMNS
+from .failures import Failures
 from .readers import scalar
 from .settings import Settings
 
@@ -55,6 +62,59 @@ class StepData:
     dev: list[tuple[str, Any, Any]] = field(default_factory=list)
     done_event: Any = None
     tool: float = 0.0  # stepscope's own time inside the step (emission, gathers)
+
+
+class OpenStep:
+    """The step in progress and how many steps closed before it."""
+
+    def __init__(self) -> None:
+        self.cur = StepData()
+        self.open = False  # training work of the step has started (a recorder exists)
+        self.index = 0  # steps closed so far
+
+    def begin(self, now: float) -> None:
+        """Training work happened: the step is open (started at ``now`` if not before)."""
+        if math.isnan(self.cur.t_start):
+            self.cur.t_start = now
+        self.open = True
+
+    def finish(self, t_end: float) -> StepData:
+        """Close the step at ``t_end`` (its record is returned); the next one starts there."""
+        d = self.cur
+        self.cur = StepData(t_start=t_end)
+        self.open = False
+        self.index += 1
+        return d
+
+
+class PendingSteps:
+    """Finished steps waiting for their device values, then emitted in order."""
+
+    def __init__(self) -> None:
+        self.queue: list[StepData] = []
+        self.last_comm: ddp.CommStep | None = None  # of the last step emitted
+
+    def push(self, d: StepData) -> None:
+        self.queue.append(d)
+
+    def flush(self, block: bool, session: StepSession | None, settings: Settings,
+              saw_loader: bool, failures: Failures) -> None:
+        """Emit queued steps whose device values are ready (all of them when ``block``);
+        without a ``session`` they are dropped."""
+        while self.queue:
+            d = self.queue[0]
+            ev = d.done_event
+            if ev is not None and not ev.query():
+                if not block and len(self.queue) <= 2:
+                    return  # the device is still on it: read it at a later boundary
+                ev.synchronize()  # at most two steps behind, or the run is ending
+            self.queue.pop(0)
+            if session is None:
+                continue
+            try:
+                self.last_comm = emit(session, settings, d, saw_loader)
+            except Exception as exc:
+                failures.failed("step emission", exc)
 
 
 def device_phases(marks: list[tuple[str, Any, Any]]) -> dict[str, float]:
