@@ -131,22 +131,6 @@ def test_lookup_only_embeddings_untied_counted_tied_kept() -> None:
     assert math.isclose(fields["hardware_flops_per_token"], 4800.0)
 
 
-def test_run_flops_by_convention_reproduces_nanogpt_estimate_mfu() -> None:
-    from stepscope.errors import ConfigError
-
-    shape = {"layers": 2, "heads": 2, "hidden": 32, "vocab": 64, "position_params": 16 * 32}
-    table = flopsrun.by_convention(num_params=27520 + 512, lookups=512, seq_len=16,
-                                   shape=shape)
-    # nanoGPT estimate_mfu: 6 * get_num_params() + 12 * L * H * Q * T
-    assert table["palm"]["flops_per_token"] == 6 * 27520 + 12 * 2 * 2 * 16 * 16
-    assert table["matmul"]["flops_per_token"] == 6 * 27520
-    assert flopsrun.choose(table, "6n")["flops_per_token"] == 6 * 27520
-    only = flopsrun.by_convention(num_params=1000, lookups=0, seq_len=None, shape=None)
-    assert list(only) == ["matmul"]
-    with pytest.raises(ConfigError, match="available: matmul"):
-        flopsrun.choose(only, "palm")
-
-
 def test_before_training_a_loss_or_a_framework_makes_evaluation_else_a_probe() -> None:
     model, teacher = nn.Linear(2, 2), nn.Linear(2, 2)
     key, other = between.first_param_id(model), between.first_param_id(teacher)
