@@ -21,3 +21,10 @@ def test_run_flops_by_convention_reproduces_nanogpt_estimate_mfu() -> None:
     assert list(only) == ["matmul"]
     with pytest.raises(ConfigError, match="available: matmul"):
         flopsrun.choose(only, "palm")
+
+
+def test_the_old_adapter_import_path_is_the_calc_module() -> None:
+    import stepscope  # noqa: F401  (installs the finder of moved modules)
+    from stepscope.integrations.torch import flopsrun as old
+
+    assert old is flopsrun and old.six_n_matmul(10, 2)["flops_per_token"] == 48.0
