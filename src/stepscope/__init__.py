@@ -131,6 +131,7 @@ _MOVED = {
     "stepscope.analysis.compare.scaling": "stepscope.analysis.compare.scaling_efficiency",
     "stepscope.integrations.torch.values": "stepscope.integrations.torch.readers",
     "stepscope.integrations.torch.meta": "stepscope.integrations.torch.fingerprint",
+    "stepscope.integrations.torch.flopsrun": "stepscope.calc.flopsrun",
     "stepscope.integrations.mindspore.scaling": "stepscope.integrations.mindspore.loss_scale",
 }
 

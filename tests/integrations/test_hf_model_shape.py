@@ -9,9 +9,9 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from stepscope.calc.flops import flops_per_token  # noqa: E402
+from stepscope.calc.flopsrun import by_convention  # noqa: E402
 from stepscope.calc.hf_config import spec_kwargs  # noqa: E402
 from stepscope.calc.model import ModelSpec  # noqa: E402
-from stepscope.integrations.torch.flopsrun import by_convention  # noqa: E402
 from stepscope.integrations.torch.layout import (  # noqa: E402
     lookup_only_params,
     transformer_shape,

@@ -10,8 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from stepscope.calc import flopsrun
 from stepscope.integrations.torch import accum, between, closure, layout
-from stepscope.integrations.torch.readers import StepData
+from stepscope.integrations.torch.evalloss import EvalLosses
+from stepscope.integrations.torch.firststep import PROBE_NOTE, PreTraining
+from stepscope.integrations.torch.pending import StepData
 
 
 def test_between_steps_time_moves_the_step_start_and_clears_eval_fetches() -> None:
@@ -122,76 +125,48 @@ def test_lookup_only_embeddings_untied_counted_tied_kept() -> None:
     tied = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 8, bias=False))
     tied[1].weight = tied[0].weight
     assert layout.lookup_only_params(tied) == 0
-    fields = layout.six_n_matmul(1000, 200)
+    fields = flopsrun.six_n_matmul(1000, 200)
     assert fields["flops_per_token"] == 4800.0 and "200 embedding-lookup" in \
         fields["flops_convention"]
     assert math.isclose(fields["hardware_flops_per_token"], 4800.0)
 
 
-def test_run_flops_by_convention_reproduces_nanogpt_estimate_mfu() -> None:
-    from stepscope.errors import ConfigError
-    from stepscope.integrations.torch import flopsrun
-
-    shape = {"layers": 2, "heads": 2, "hidden": 32, "vocab": 64, "position_params": 16 * 32}
-    table = flopsrun.by_convention(num_params=27520 + 512, lookups=512, seq_len=16,
-                                   shape=shape)
-    # nanoGPT estimate_mfu: 6 * get_num_params() + 12 * L * H * Q * T
-    assert table["palm"]["flops_per_token"] == 6 * 27520 + 12 * 2 * 2 * 16 * 16
-    assert table["matmul"]["flops_per_token"] == 6 * 27520
-    assert flopsrun.choose(table, "6n")["flops_per_token"] == 6 * 27520
-    only = flopsrun.by_convention(num_params=1000, lookups=0, seq_len=None, shape=None)
-    assert list(only) == ["matmul"]
-    with pytest.raises(ConfigError, match="available: matmul"):
-        flopsrun.choose(only, "palm")
-
-
-def _state():
-    from stepscope.integrations.torch.settings import Settings
-    from stepscope.integrations.torch.state import AutoState
-
-    return AutoState(Settings(run_dir="unused"), torch, clock=lambda: 0.0)
-
-
 def test_before_training_a_loss_or_a_framework_makes_evaluation_else_a_probe() -> None:
-    from stepscope.integrations.torch import firststep
-
     model, teacher = nn.Linear(2, 2), nn.Linear(2, 2)
     key, other = between.first_param_id(model), between.first_param_id(teacher)
-    st = _state()
-    st.cur = StepData(t_start=10.0)
-    st.cur.data_wait, st.cur.loader_batches = 0.5, 1  # the first batch, fetched at 10.0
-    firststep.hold(st, key, 10.5, 11.0, st.evals.add(None, 1.0))  # probe: 0.5 s
-    firststep.hold(st, other, 11.0, 11.2, st.evals.add(None, 1.0))  # a teacher: step 0's
-    firststep.hold(st, key, 11.2, 12.0, st.evals.add(torch.tensor(2.0), 4.0))  # evaluation
-    firststep.resolve(st, key)
+    pre, evals = PreTraining(), EvalLosses()
+    d = StepData(t_start=10.0)
+    d.data_wait, d.loader_batches = 0.5, 1  # the first batch, fetched at 10.0
+    pre.hold(d, key, 10.5, 11.0, evals.add(None, 1.0))  # probe: 0.5 s
+    pre.hold(d, other, 11.0, 11.2, evals.add(None, 1.0))  # a teacher: step 0's
+    pre.hold(d, key, 11.2, 12.0, evals.add(torch.tensor(2.0), 4.0))  # evaluation
+    note = pre.resolve(d, evals, key)
     # the evaluation is everything since the step opened less the probe: 2.0 - 0.5
-    assert st.cur.extra == {"eval_s": pytest.approx(1.5)}
-    assert st.probes == (1, 0.5) and st.config["before_training"]["probe_forwards"] == 1
-    assert (st.cur.t_start, st.cur.data_wait, st.cur.loader_batches) == (12.0, 0.0, 0)
-    assert st.evals.take() == (2.0, 1)  # only the evaluation's loss is kept
+    assert d.extra == {"eval_s": pytest.approx(1.5)}
+    assert pre.probes == (1, 0.5) and note == {"probe_forwards": 1, "probe_s": 0.5,
+                                               "note": PROBE_NOTE}
+    assert (d.t_start, d.data_wait, d.loader_batches) == (12.0, 0.0, 0)
+    assert evals.take() == (2.0, 1)  # only the evaluation's loss is kept
+    assert pre.segments == []
 
 
 def test_a_probe_alone_leaves_the_first_fetch_in_step_0() -> None:
-    from stepscope.integrations.torch import firststep
-
     model = nn.Linear(2, 2)
-    st = _state()
-    st.cur = StepData(t_start=10.0)
-    st.cur.data_wait, st.cur.loader_batches = 0.5, 1
-    firststep.hold(st, between.first_param_id(model), 10.5, 11.5, None)
-    firststep.resolve(st, between.first_param_id(model))
-    assert st.cur.extra == {} and st.probes == (1, 1.0)
-    assert (st.cur.t_start, st.cur.data_wait, st.cur.loader_batches) == (11.0, 0.5, 1)
+    pre = PreTraining()
+    d = StepData(t_start=10.0)
+    d.data_wait, d.loader_batches = 0.5, 1
+    pre.hold(d, between.first_param_id(model), 10.5, 11.5, None)
+    pre.resolve(d, EvalLosses(), between.first_param_id(model))
+    assert d.extra == {} and pre.probes == (1, 1.0)
+    assert (d.t_start, d.data_wait, d.loader_batches) == (11.0, 0.5, 1)
 
 
 def test_a_framework_evaluation_loop_makes_held_forwards_evaluation() -> None:
-    from stepscope.integrations.torch import firststep
-
     model = nn.Linear(2, 2)
-    st = _state()
-    st.cur = StepData(t_start=10.0)
-    firststep.hold(st, between.first_param_id(model), 10.2, 10.4, None)  # sanity check
-    firststep.framework_ran(st)
-    firststep.resolve(st, between.first_param_id(model))
-    assert st.cur.extra == {"eval_s": pytest.approx(0.4)} and st.probes == (0, 0.0)
-    assert st.cur.t_start == 10.4
+    pre = PreTraining()
+    d = StepData(t_start=10.0)
+    pre.hold(d, between.first_param_id(model), 10.2, 10.4, None)  # sanity check
+    pre.framework_ran()
+    assert pre.resolve(d, EvalLosses(), between.first_param_id(model)) is None
+    assert d.extra == {"eval_s": pytest.approx(0.4)} and pre.probes == (0, 0.0)
+    assert d.t_start == 10.4

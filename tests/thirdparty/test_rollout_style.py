@@ -14,59 +14,54 @@ import torch
 from torch import nn
 
 from stepscope.integrations.torch import between
-from stepscope.integrations.torch.readers import StepData
+from stepscope.integrations.torch.evalloss import EvalLosses
+from stepscope.integrations.torch.pending import StepData
 from stepscope.rundir.store import RunDir
 from support.script_log import ScriptRun, assert_no_warning, run_under_stepscope
 
 pytestmark = pytest.mark.xdist_group("torch_run")
 
 
-def _state():
-    from stepscope.integrations.torch.settings import Settings
-    from stepscope.integrations.torch.state import AutoState
-
-    return AutoState(Settings(run_dir="unused"), torch, clock=lambda: 0.0)
-
-
-def _step_with(st, t0: float, segments: list[tuple[float, object]]) -> StepData:
+def _step_with(evals: EvalLosses, run: between.LosslessRun, t0: float,
+               segments: list[tuple[float, object]], step: int = 0
+               ) -> tuple[StepData, dict[str, object] | None]:
     """Open a step at ``t0`` and book eval forwards ending at each ``(t_end, loss)``,
     each after one 0.1 s loader fetch of 4 samples; then its first training forward."""
-    st.cur = d = StepData(t_start=t0)
+    d = StepData(t_start=t0)
     for t_end, loss in segments:
         d.data_wait += 0.1
         d.loader_batches += 1
         d.loader_samples += 4.0
         assert between.book(d, "eval", t_end)
-        between.attach(d, st.evals.add(loss, 1.0))
-    between.settle(st)
-    return d
+        between.attach(d, evals.add(loss, 1.0))
+    return d, between.settle(d, evals, run, step)
 
 
 def test_lossless_forwards_count_in_the_step_once_they_recur() -> None:
-    st = _state()
+    evals, run = EvalLosses(), between.LosslessRun()
     for i in range(between.RECUR - 1):  # not yet a pattern: booked as evaluation
-        d = _step_with(st, 10.0 * i, [(10.0 * i + 2.0, None)])
+        d, note = _step_with(evals, run, 10.0 * i, [(10.0 * i + 2.0, None)])
         assert d.extra == {"eval_s": pytest.approx(2.0)} and d.t_start == 10.0 * i + 2.0
-        assert d.data_wait == 0.0 and "between_steps" not in st.config
-    st.step_index = 7
+        assert d.data_wait == 0.0 and note is None
     # the third step in a row: a rollout (no loss), an evaluation with a loss, a rollout
-    d = _step_with(st, 100.0, [(101.0, None), (103.0, torch.tensor(2.5)), (103.5, None)])
+    d, note = _step_with(evals, run, 100.0,
+                         [(101.0, None), (103.0, torch.tensor(2.5)), (103.5, None)], step=7)
     # the rollouts' 1.0 + 0.5 s and their fetches are the step's again; the evaluation's
     # 2.0 s (its fetch included) stays eval
     assert d.extra == {"eval_s": pytest.approx(2.0)}
     assert d.t_start == pytest.approx(102.0)
     assert (d.data_wait, d.loader_batches, d.loader_samples) == (pytest.approx(0.2), 2, 8.0)
-    assert st.config["between_steps"]["from_step"] == 7
-    assert st.evals.take() == (2.5, 1)  # the evaluation's loss alone
+    assert note == {"from_step": 7, "note": between.RECUR_NOTE}
+    assert evals.take() == (2.5, 1)  # the evaluation's loss alone
     # a step without them resets the count; a loss module's loss makes one evaluation
-    _step_with(st, 200.0, [])
-    entry = st.evals.add(None, 1.0)
-    st.cur = d = StepData(t_start=300.0)
+    _step_with(evals, run, 200.0, [])
+    entry = evals.add(None, 1.0)
+    d = StepData(t_start=300.0)
     assert between.book(d, "eval", 301.0)
     between.attach(d, entry)
-    st.evals.set_last(nn.functional.mse_loss(torch.ones(2), torch.zeros(2)))
-    between.settle(st)
-    assert d.extra == {"eval_s": pytest.approx(1.0)} and st.lossless_run == 0
+    evals.set_last(nn.functional.mse_loss(torch.ones(2), torch.zeros(2)))
+    assert between.settle(d, evals, run, 8) is None
+    assert d.extra == {"eval_s": pytest.approx(1.0)} and run.steps == 0
 
 
 @pytest.fixture(scope="module")

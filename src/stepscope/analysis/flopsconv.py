@@ -2,7 +2,7 @@
 
 ``stepscope run`` records, beside the convention it used, the FLOPs per token of every
 convention it could compute for the model (run.json ``environment.flops_by_convention``,
-see ``integrations/torch/flopsrun.py``). Choosing one here swaps the run's FLOPs fields, so
+see ``calc/flopsrun.py``). Choosing one here swaps the run's FLOPs fields, so
 MFU and HFU follow the chosen convention and the sheet names it.
 
 Example::

@@ -102,7 +102,7 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
     if cross_rank_every is not None:
         env["STEPSCOPE_CROSS_RANK_EVERY"] = str(cross_rank_every)
     if flops_convention:
-        from ..integrations.torch.flopsrun import NAMES
+        from ..calc.flopsrun import NAMES
 
         if flops_convention not in NAMES:
             raise click.BadParameter(f"{flops_convention!r}: expected one of "

@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["divisor", "confirms", "step_loss", "CONVENTION"]
+__all__ = ["Accumulation", "divisor", "confirms", "step_loss", "CONVENTION"]
 
 CONVENTION = ("mean over the optimizer step's micro-batches (a 1/k scaling applied before "
               "backward is undone, k = {k:g})")
@@ -70,3 +70,47 @@ def step_loss(values: Sequence[float], divisors: Sequence[float | None],
     if confirmed is not None and n and all(d == confirmed for d in divisors):
         return total * confirmed / n
     return total
+
+
+class Accumulation:
+    """The run's accumulation divisor, and the loss tensors backward runs on.
+
+    A GradScaler's ``scale(loss)`` gives backward a scaled copy: the loss and its divisor
+    are read from the unscaled tensor it was made from (kept for the step, by id).
+    """
+
+    def __init__(self) -> None:
+        self.k: float | None = None  # the run's confirmed divisor
+        self.divisor: float | None = None  # of the loss backward() is running on
+        self.scaler: Any = None  # the GradScaler in use, once one scaled a loss
+        self._scaled: dict[int, Any] = {}
+
+    def scaled(self, scaler: Any, out: Any, loss: Any) -> None:
+        """``scaler.scale(loss)`` returned ``out``."""
+        self.scaler = scaler
+        if out is not loss and hasattr(out, "numel") and out.numel() == 1:
+            self._scaled[id(out)] = loss
+
+    def loss_of(self, tensor: Any) -> Any:
+        """The loss ``tensor`` stands for: the unscaled one when a GradScaler scaled it."""
+        src = self._scaled.get(id(tensor))
+        return src if src is not None else tensor
+
+    def before_backward(self, tensor: Any, replay: bool) -> None:
+        """Read the loss's divisor while its graph is alive (none for a closure's
+        re-evaluation, ``replay``)."""
+        self.divisor = None
+        if tensor is not None and tensor.numel() == 1 and not replay:
+            self.divisor = divisor(self.loss_of(tensor))
+
+    def confirm(self, divisors: Sequence[float | None]) -> str | None:
+        """A step ended with these divisors: the loss convention when it confirms the
+        run's k for the first time, else None."""
+        k = confirms(divisors)
+        if k is None or self.k is not None:
+            return None
+        self.k = k
+        return CONVENTION.format(k=k)
+
+    def end_step(self) -> None:
+        self._scaled.clear()

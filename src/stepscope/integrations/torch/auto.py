@@ -43,7 +43,7 @@ Switches (environment of the child; set by ``stepscope run`` or ``stepscope isol
                                ``STEPSCOPE_PROFILE_DIR``
 ``STEPSCOPE_CROSS_RANK_EVERY`` steps between cross-rank gathers (default 20, 0 = off)
 ``STEPSCOPE_FLOPS_CONVENTION`` the MFU's FLOPs convention (default ``matmul``; see
-                               :mod:`.flopsrun`)
+                               :mod:`stepscope.calc.flopsrun`)
 =============================  ==============================================================
 
 Every hook body is wrapped: a failure inside stepscope is counted and warned about once,
@@ -59,16 +59,19 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._afterimport import AfterImport
 from .settings import ENV_PREFIX, Settings, parse_steps
+
+if TYPE_CHECKING:  # imported with torch, by install
+    from .state import AutoState
 
 __all__ = ["Settings", "bootstrap", "install", "active", "parse_steps", "ENV_PREFIX"]
 
 
 
-_STATE: Any = None  # the AutoState of this process once torch is imported
+_STATE: AutoState | None = None  # this process's state once torch is imported
 
 
 def active() -> bool:
@@ -76,7 +79,7 @@ def active() -> bool:
     return _STATE is not None or bool(os.environ.get(ENV_PREFIX + "RUN_DIR"))
 
 
-def install(settings: Settings) -> Any:
+def install(settings: Settings) -> AutoState:
     """Install the hooks now (torch must be importable); returns the process state."""
     global _STATE
     if _STATE is not None:

@@ -29,9 +29,15 @@ evaluation again, and a step without them resets the count.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["COLUMNS", "RECUR", "book", "attach", "settle", "trained", "is_eval_forward"]
+if TYPE_CHECKING:
+    from .evalloss import EvalLosses
+    from .pending import StepData
+
+__all__ = ["COLUMNS", "RECUR", "LosslessRun", "book", "attach", "settle", "trained",
+           "is_eval_forward"]
 
 # kind -> step-table column (schema.py describes both)
 COLUMNS = {"eval": "eval_s", "checkpoint": "checkpoint_s"}
@@ -42,16 +48,16 @@ RECUR_NOTE = ("no-grad forwards of the trained model with no loss and no framewo
               "sample every step): from this step on they count in the step, not as eval")
 
 
-def trained(d: Any) -> bool:
+def trained(d: StepData) -> bool:
     """The open step has done training work (a counted forward or a backward)."""
     return bool(d.fwd_calls or d.micro)
 
 
-def book(d: Any, kind: str, t_end: float) -> bool:
+def book(d: StepData, kind: str, t_end: float) -> bool:
     """Book the open step's time so far as ``kind`` and restart it at ``t_end``.
 
-    ``d`` is the open :class:`~.values.StepData`. Returns False (nothing changed) once the
-    step has done training work, or when no step is open yet (nothing to move).
+    ``d`` is the open step. Returns False (nothing changed) once the step has done
+    training work, or when no step is open yet (nothing to move).
     """
     if trained(d) or math.isnan(d.t_start):
         return False
@@ -72,27 +78,40 @@ def book(d: Any, kind: str, t_end: float) -> bool:
     return True
 
 
-def attach(d: Any, entry: list[Any] | None) -> None:
+def attach(d: StepData, entry: list[Any] | None) -> None:
     """The last booking's evaluation-loss entry (:mod:`.evalloss`; its loss may be set
     later, by a loss module called right after the forward)."""
     if d.booked:
         d.booked[-1][7] = entry
 
 
-def settle(st: Any) -> None:
-    """The open step's first training forward starts: count its lossless between-steps
+@dataclass
+class LosslessRun:
+    """Steps in a row with lossless between-steps forwards before them."""
+
+    steps: int = 0
+
+    def count(self, lossless: bool) -> bool:
+        """One more step (``lossless``: such forwards ran before it); True once they
+        recur (:data:`RECUR` steps in a row)."""
+        self.steps = self.steps + 1 if lossless else 0
+        return self.steps >= RECUR
+
+
+def settle(d: StepData, evals: EvalLosses, run: LosslessRun, step: int
+           ) -> dict[str, Any] | None:
+    """Step ``d``'s first training forward starts: count its lossless between-steps
     forwards, and once they recur (module docstring) give their time back to the step.
 
-    ``st`` is the zero-code state: ``cur`` (the open step), ``evals`` (the collector;
-    ``framework`` set means a framework reports evaluations), ``lossless_run``, ``config``.
+    ``evals``: the loss collector (``framework`` set means a framework reports
+    evaluations); ``step``: the open step's index. Returns run.json
+    ``config.between_steps`` when the forwards were given back, else None.
     """
-    d = st.cur
     segs, d.booked = d.booked, []
-    lossless = [s for s in segs if s[0] == "eval" and not st.evals.framework
+    lossless = [s for s in segs if s[0] == "eval" and not evals.framework
                 and s[7] is not None and s[7][0] is None]
-    st.lossless_run = st.lossless_run + 1 if lossless else 0
-    if st.lossless_run < RECUR:
-        return
+    if not run.count(bool(lossless)):
+        return None
     for _kind, span, tool, wait, batches, tokens, samples, entry in lossless:
         d.t_start -= span + tool
         d.tool += tool
@@ -100,13 +119,13 @@ def settle(st: Any) -> None:
         d.loader_batches += batches
         d.loader_tokens += tokens
         d.loader_samples += samples
-        st.evals.drop(entry)
+        evals.drop(entry)
     kept = [s[1] for s in segs if s[0] == "eval" and not any(s is x for x in lossless)]
     if kept:
         d.extra["eval_s"] = sum(kept)
     else:
         d.extra.pop("eval_s", None)
-    st.config.setdefault("between_steps", {"from_step": st.step_index, "note": RECUR_NOTE})
+    return {"from_step": step, "note": RECUR_NOTE}
 
 
 def first_param_id(module: Any) -> int | None:

@@ -17,11 +17,12 @@ import os
 import weakref
 from typing import Any
 
+from ...calc import flopsrun
 from ...record.recorder import Recorder
 from ...record.session import StepSession
 from ...rundir.store import utc_stamp
 from . import fingerprint as meta
-from . import flopsrun, layout
+from . import layout
 from .clipnorm import watch_clip_norms
 from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
 

@@ -26,7 +26,24 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["watch_clip_norms"]
+__all__ = ["ClipNorm", "watch_clip_norms"]
+
+
+class ClipNorm:
+    """The pre-clip norm seen in the open step (a device tensor, read at emission)."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    def seen(self, norm: Any) -> None:
+        self.value = norm.detach() if hasattr(norm, "detach") else norm
+
+    def given(self, norm: Any) -> None:
+        """A norm a framework computed itself (DeepSpeed ZeRO's), kept as given."""
+        self.value = norm
+
+    def clear(self) -> None:
+        self.value = None
 
 
 def watch_clip_norms(on_norm: Callable[[Any], None]) -> Callable[[], None]:

@@ -15,9 +15,10 @@ loss, which is the loss the step records.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["closure_of", "replace_closure", "wrap"]
+__all__ = ["ClosureStep", "closure_of", "replace_closure", "wrap"]
 
 
 def closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -56,3 +57,28 @@ def wrap(closure: Any, clock: Callable[[], float],
             on_end(index, clock() - t0)
 
     return closure_timed
+
+
+@dataclass
+class ClosureStep:
+    """The primary optimizer's closure in the open step."""
+
+    seconds: float = 0.0  # time inside the closure this step (not the optimizer's)
+    done: bool = False  # its first evaluation is over: later ones re-run the same batch
+    groups: Any = None  # the optimizer's param groups, while a closure step is open
+
+    def start(self, groups: Any) -> None:
+        self.groups = groups
+
+    def evaluated(self, seconds: float) -> None:
+        self.seconds += seconds
+
+    def first_done(self) -> None:
+        self.done = True
+
+    def inside_first(self) -> bool:
+        """The closure's first evaluation is running (its forwards are the step's)."""
+        return self.groups is not None and not self.done
+
+    def reset(self) -> None:
+        self.seconds, self.done, self.groups = 0.0, False, None

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import evals
+from .. import evals as evals_mod
+
+if TYPE_CHECKING:
+    from ...record.recorder import Recorder
 
 __all__ = ["EvalLosses", "forward_loss", "is_loss_module", "weight_of", "flush", "reported"]
 
@@ -67,6 +70,7 @@ class EvalLosses:
     def __init__(self) -> None:
         self.entries: list[list[Any]] = []
         self.framework = False  # the HF Trainer or Lightning reports evaluations itself
+        self.events: list[dict[str, Any]] = []  # eval events waiting for the recorder
 
     def add(self, loss: Any, weight: float) -> list[Any] | None:
         """Keep one evaluation forward's loss (None: it had none); returns its entry."""
@@ -116,31 +120,32 @@ def weight_of(tokens: float, samples: float) -> float:
     return 1.0
 
 
-def flush(st: Any) -> None:
-    """Write the finished evaluation's events (``st``: the zero-code :class:`.state.AutoState`).
+def flush(evals: EvalLosses, rec: Recorder | None, step: int) -> None:
+    """Write the finished evaluation's events.
 
     Called when training resumes and at the end of the process; ``step`` is the number of
     optimizer steps recorded so far (:mod:`..evals`). Before the recorder exists (an
     evaluation before any training work) the events wait for it.
     """
-    if not (st.evals.entries or st.eval_events) or st.rec is None:
+    if not (evals.entries or evals.events) or rec is None:
         return
-    got = st.evals.take()
+    got = evals.take()
     if got is not None:
-        event = evals.eval_event(st.step_index, {"eval_loss": got[0]},
-                                 f"{SOURCE}; {got[1]} forwards")
+        event = evals_mod.eval_event(step, {"eval_loss": got[0]},
+                                     f"{SOURCE}; {got[1]} forwards")
         if event is not None:
-            st.eval_events.append(event)
-    events, st.eval_events = st.eval_events, []
+            evals.events.append(event)
+    events, evals.events = evals.events, []
     for event in events:
-        st.rec.run.append_event(event)
+        rec.run.append_event(event)
 
 
-def reported(st: Any, metrics: Mapping[str, float], source: str) -> None:
+def reported(evals: EvalLosses, metrics: Mapping[str, float], source: str,
+             rec: Recorder | None, step: int) -> None:
     """A framework reported an evaluation: record its metrics, stand the collector down."""
-    st.evals.framework = True
-    st.evals.clear()
-    event = evals.eval_event(st.step_index, metrics, source)
+    evals.framework = True
+    evals.clear()
+    event = evals_mod.eval_event(step, metrics, source)
     if event is not None:
-        st.eval_events.append(event)
-        flush(st)
+        evals.events.append(event)
+        flush(evals, rec, step)

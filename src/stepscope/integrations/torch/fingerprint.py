@@ -7,8 +7,8 @@
   through the core session's window (:meth:`~stepscope.record.session.StepSession.cross_rank`,
   published in the run directory, not a collective); rank 0 appends a ``cross_rank``
   event to events.jsonl and every rank logs its straggler score on the step.
-* ``STEPSCOPE_PROFILE_STEPS`` drives a ``torch.profiler`` capture; ``STEPSCOPE_MAX_STEPS``
-  stops the script.
+* ``STEPSCOPE_PROFILE_STEPS`` drives a ``torch.profiler`` capture (:mod:`.profiling`);
+  ``STEPSCOPE_MAX_STEPS`` stops the script.
 * At exit, what was expected but never seen (no optimizer step, no loss, no DataLoader)
   is written to run.json and as ``logging`` findings, so an empty curve is explained.
 """
@@ -20,18 +20,84 @@ import socket
 import sys
 import time
 import zlib
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from ...calc import flopsrun
 from ...errors import ConfigError
 from ...findings import Finding
-from . import ddp, flopcount, flopsrun
-from .probes import environment, memory_probe, model_fingerprint, peak_flops_for_device
-from .state import AutoState
+from . import ddp, flopcount
+from .probes import MemProbe, environment, memory_probe, model_fingerprint, peak_flops_for_device
+
+if TYPE_CHECKING:  # the process state calls these plug-ins with itself (.hooks plugs them)
+    from .state import AutoState
 
 # Optimizer hyper-parameters copied into run.json (plain numbers/bools/tuples only).
 _OPT_KEYS = ("lr", "betas", "momentum", "eps", "weight_decay", "nesterov", "amsgrad",
              "dampening", "fused", "foreach")
 _SEED: list[int] = []  # set by the torch.manual_seed wrapper (see .hooks)
+
+
+@dataclass
+class Fingerprint:
+    """What run.json says of the run besides its steps: the baseline fingerprint, the
+    config notes other parts hand in (loss convention, step boundary, ...), and the
+    device, memory probe and first forward the fingerprint is taken from."""
+
+    baseline: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # why a FLOPs figure is missing
+    device: Any = None
+    mem_probe: MemProbe | None = None
+    flop_call: Any = None  # (model, meta args, meta kwargs) of the first forward
+    first_micro: int = 0  # micro-batches of step 0 (the run's accumulation)
+
+    def note(self, key: str, value: Any) -> None:
+        """run.json ``config[key]``; the latest value stands."""
+        self.config[key] = value
+
+    def note_once(self, key: str, value: Any) -> None:
+        """run.json ``config[key]`` unless already noted."""
+        self.config.setdefault(key, value)
+
+    def describe_once(self, key: str, value: Any) -> None:
+        """The baseline's ``key`` unless already known."""
+        self.baseline.setdefault(key, value)
+
+    def note_model(self, torch: Any, module: Any) -> bool | None:
+        """The trained model's fingerprint, device and memory probe; whether its
+        parameters are on CUDA (None: it has none)."""
+        inner = getattr(module, "module", module)  # DDP wraps the model in .module
+        cuda = None
+        try:
+            p = next(module.parameters())
+            self.device = p.device
+            cuda = p.device.type == "cuda"
+            self.baseline["param_dtype"] = str(p.dtype).replace("torch.", "")
+        except StopIteration:
+            pass
+        self.mem_probe, self.config["mem_source"] = memory_probe(self.device)
+        self.baseline.update(model_fingerprint(inner))
+        self.baseline["model_name"] = type(inner).__name__
+        strategy = type(module).__name__
+        if strategy == "DistributedDataParallel":
+            self.baseline["parallel_strategy"] = "ddp"
+        elif any(type(m).__name__.startswith("FSDP") for m in module.modules()):
+            self.baseline["parallel_strategy"] = "fsdp"
+        autocast = [dt for dev in ("cuda", "cpu") if torch.is_autocast_enabled(dev)
+                    for dt in [torch.get_autocast_dtype(dev)]]
+        if autocast:
+            self.baseline["autocast_dtype"] = str(autocast[0]).replace("torch.", "")
+        return cuda
+
+    def precision(self) -> str:
+        """fp32, bf16, fp16-mixed, ... from the parameters' and autocast's dtypes."""
+        dtype = str(self.baseline.get("param_dtype", "float32"))
+        auto = self.baseline.get("autocast_dtype")
+        short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+        if auto:
+            return f"{short.get(auto, auto)}-mixed"
+        return short.get(dtype, dtype)
 
 
 def _dist(torch: Any) -> Any:
@@ -40,29 +106,12 @@ def _dist(torch: Any) -> Any:
 
 
 def note_model(st: AutoState, module: Any) -> None:
-    """First outermost module with parameters: fingerprint, device, memory probe."""
-    torch = st.torch
-    inner = getattr(module, "module", module)  # DDP wraps the model in .module
-    try:
-        p = next(module.parameters())
-        st.device = p.device
-        st.cuda = p.device.type == "cuda"
-        st.comm.cuda = st.cuda
-        st.baseline["param_dtype"] = str(p.dtype).replace("torch.", "")
-    except StopIteration:
-        pass
-    st.mem_probe, st.config["mem_source"] = memory_probe(st.device)
-    st.baseline.update(model_fingerprint(inner))
-    st.baseline["model_name"] = type(inner).__name__
-    strategy = type(module).__name__
-    if strategy == "DistributedDataParallel":
-        st.baseline["parallel_strategy"] = "ddp"
-    elif any(type(m).__name__.startswith("FSDP") for m in module.modules()):
-        st.baseline["parallel_strategy"] = "fsdp"
-    autocast = [dt for dev in ("cuda", "cpu") if torch.is_autocast_enabled(dev)
-                for dt in [torch.get_autocast_dtype(dev)]]
-    if autocast:
-        st.baseline["autocast_dtype"] = str(autocast[0]).replace("torch.", "")
+    """First outermost module with parameters: fingerprint, device, memory probe; the
+    phase clock and the communication timer mark on CUDA when the model is there."""
+    cuda = st.fp.note_model(st.torch, module)
+    if cuda is not None:
+        st.phase.on_device(cuda)
+        st.comm.cuda = cuda
 
 
 def note_optimizer(baseline: dict[str, Any], opt: Any) -> None:
@@ -90,46 +139,38 @@ def _plain(v: Any) -> Any:
         return str(v)
 
 
-def _precision(st: AutoState) -> str:
-    dtype = str(st.baseline.get("param_dtype", "float32"))
-    auto = st.baseline.get("autocast_dtype")
-    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-    if auto:
-        return f"{short.get(auto, auto)}-mixed"
-    return short.get(dtype, dtype)
-
-
 def _write_baseline(st: AutoState) -> None:
     """Rank 0, after the first step: the fingerprint into run.json."""
     torch = st.torch
     dist = _dist(torch)
     world = dist.get_world_size() if dist is not None else 1
-    b = dict(st.baseline)
+    b = dict(st.fp.baseline)
     b["num_devices"] = world
-    b["device_kind"] = "cpu" if st.device is None or st.device.type == "cpu" else \
-        torch.cuda.get_device_name(st.device)
+    b["device_kind"] = "cpu" if st.fp.device is None or st.fp.device.type == "cpu" else \
+        torch.cuda.get_device_name(st.fp.device)
     if world > 1:
         b.setdefault("parallel_strategy", "data_parallel")
         b["dp"] = world
-    scaling = st.scaler is not None and st.scaler.is_enabled()  # nanoGPT's fp32: disabled
-    b["precision"] = _precision(st) + (" (GradScaler)" if scaling else "")
-    first = st.first_micro
+    scaler = st.accum.scaler
+    scaling = scaler is not None and scaler.is_enabled()  # nanoGPT's fp32: disabled
+    b["precision"] = st.fp.precision() + (" (GradScaler)" if scaling else "")
+    first = st.fp.first_micro
     if first:
         b["grad_accum"] = first
         if "micro_batch" in b:
             b["global_batch"] = b["micro_batch"] * first * world
     if _SEED:
         b["seed"] = _SEED[-1]
-    env = environment(st.device, code_path=_script_dir())
+    env = environment(st.fp.device, code_path=_script_dir())
     n = b.get("num_params")
     if n:
         env.update(_flops_fields(st, b, n))
-    peak, source = peak_flops_for_device(st.device, _precision(st).split("-")[0])
+    peak, source = peak_flops_for_device(st.fp.device, st.fp.precision().split("-")[0])
     if peak is not None:
         env["peak_flops_per_device"] = peak
     env["peak_flops_source"] = source
-    env["mem_source"] = st.config.get("mem_source", "")
-    config = dict(st.config)
+    env["mem_source"] = st.fp.config.get("mem_source", "")
+    config = dict(st.fp.config)
     config["world_size"] = world
     if st.rec is not None:
         st.rec.run.update_meta(baseline=b, environment=env, config=config)
@@ -151,24 +192,24 @@ def _flops_fields(st: AutoState, b: dict[str, Any], num_params: int) -> dict[str
     try:
         chosen = flopsrun.choose(table, name)
     except ConfigError as exc:
-        st.notes["flops_convention"] = str(exc)
+        st.fp.notes["flops_convention"] = str(exc)
         chosen = table[flopsrun.DEFAULT]
     return {**chosen, "flops_by_convention": table}
 
 
 def _counted(st: AutoState, b: dict[str, Any]) -> dict[str, Any] | None:
     """The ``counted`` convention's fields from the first forward call (see flopcount)."""
-    if st.flop_call is None:
+    if st.fp.flop_call is None:
         return None
-    model, args, kwargs = st.flop_call
-    st.flop_call = None  # counted once; the meta copies are dropped
-    st.quiet = True  # the count's forward is not the script's: no eval, no step
+    model, args, kwargs = st.fp.flop_call
+    st.fp.flop_call = None  # counted once; the meta copies are dropped
+    st.phase.stand_by(True)  # the count's forward is not the script's: no eval, no step
     try:
         fwd, why = flopcount.forward_flops(model, args, kwargs)
     finally:
-        st.quiet = False
+        st.phase.stand_by(False)
     if fwd is None:
-        st.notes["flops_counted"] = why
+        st.fp.notes["flops_counted"] = why
         return None
     samples = b.get("micro_batch") or _leading_dim(args)
     tokens = samples * b["seq_len"] if samples and "seq_len" in b and \
@@ -193,24 +234,24 @@ def _script_dir() -> str:
 
 def after_boundary(st: AutoState) -> None:
     """Once-per-step work after a row was queued (each part guarded on its own)."""
-    n = st.step_index  # steps completed so far
+    n = st.step.index  # steps completed so far
     if n == 1 and st.rank == 0:
         try:
             _write_baseline(st)
         except Exception as exc:
-            st.failed("baseline fingerprint", exc)
+            st.failures.failed("baseline fingerprint", exc)
         # The one-off run.json write (it runs `git`) is not billed to step 1; the
         # per-step work stays in the steps, as it does in the script's own timestamps.
-        st.cur.t_start = st.clock()
+        st.step.cur.t_start = st.clock()
     if st.settings.cross_rank_every and n == 1:
         try:
             _start_cross_rank(st)
         except Exception as exc:
-            st.failed("cross-rank set-up", exc)
+            st.failures.failed("cross-rank set-up", exc)
     try:
-        _profiler_step(st, n)
+        st.profile.step(n, st.rank)
     except Exception as exc:
-        st.failed("profiler", exc)
+        st.failures.failed("profiler", exc)
     if st.settings.max_steps and n >= st.settings.max_steps:
         st.close("finished", None)
         if st.rank == 0:
@@ -223,7 +264,7 @@ def _note_config(st: AutoState, config: dict[str, Any]) -> None:
         if st.rec is not None:
             st.rec.run.update_meta(config=config)
     except Exception as exc:
-        st.failed("run.json update", exc)
+        st.failures.failed("run.json update", exc)
 
 
 def _start_cross_rank(st: AutoState) -> None:
@@ -235,11 +276,11 @@ def _start_cross_rank(st: AutoState) -> None:
     every = st.settings.cross_rank_every
 
     def vector(medians: list[float]) -> list[float]:
-        comm = st.last_comm
+        comm = st.pending.last_comm
         # Bucket wall marks are host readings; on CUDA they are launch/callback times, not
         # device times, so the wait/transfer split is not attempted there.
-        launch = comm.bucket_launch_wall if comm is not None and not st.cuda else []
-        done = comm.bucket_done_wall if comm is not None and not st.cuda else []
+        launch = comm.bucket_launch_wall if comm is not None and not st.phase.cuda else []
+        done = comm.bucket_done_wall if comm is not None and not st.phase.cuda else []
         return ddp.cross_vector(medians, launch, done, host)
 
     # Published through the run directory, never a collective: ranks with uneven inputs
@@ -260,64 +301,15 @@ def maybe_cross_rank(st: AutoState) -> None:
     same step the script's own timestamps put it in.
     """
     s = st.session
-    if s is None or s.cross is None or not s.cross.due(st.step_index):
+    if s is None or s.cross is None or not s.cross.due(st.step.index):
         return
     t0 = st.clock()
     try:
         st.flush(block=True)  # every completed step (one behind on CUDA) in the window
         s.cross_rank()
     except Exception as exc:
-        st.failed("cross-rank gather", exc)
-    st.cur.tool += st.clock() - t0
-
-
-def _profiler_step(st: AutoState, n: int) -> None:
-    """Profile steps [start, stop): ``n`` steps are complete, so step ``n`` begins now."""
-    window = st.settings.profile_steps
-    if window is None or not st.settings.profile_dir:
-        return
-    start, stop = window
-    prof = st.profiler
-    if prof is None and n == start:
-        st.profiler = _start_profiler(st, start, stop)
-    elif prof is not None:
-        prof.step()  # closes ProfilerStep#(n-1); at n == stop the schedule saves the trace
-        if n >= stop:
-            stop_profiler(st)
-
-
-def _start_profiler(st: AutoState, start: int, stop: int) -> Any:
-    torch = st.torch
-    prof_mod = torch.profiler
-    acts = [prof_mod.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        acts.append(prof_mod.ProfilerActivity.CUDA)
-    action = prof_mod.ProfilerAction
-    path = os.path.join(st.settings.profile_dir, f"rank-{st.rank:05d}.pt.trace.json")
-
-    def schedule(step: int) -> Any:  # a schedule makes the profiler mark ProfilerStep#N
-        if step < stop - 1:
-            return action.RECORD
-        return action.RECORD_AND_SAVE if step == stop - 1 else action.NONE
-
-    prof = prof_mod.profile(activities=acts, schedule=schedule, record_shapes=False,
-                            on_trace_ready=lambda p: p.export_chrome_trace(path))
-    prof.step_num = start  # ProfilerStep#<n> then matches the step table's index
-    prof.start()
-    return prof
-
-
-def stop_profiler(st: AutoState) -> None:
-    """Stop a capture still running (run ended early); the trace is saved on stop."""
-    prof = st.profiler
-    if prof is None:
-        return
-    st.profiler = None
-    st.marks.close_all()  # a phase still open (the run ended inside it) ends here
-    try:
-        prof.stop()
-    except Exception as exc:
-        st.failed("profiler export", exc)
+        st.failures.failed("cross-rank gather", exc)
+    st.step.cur.tool += st.clock() - t0
 
 
 def write_summary(st: AutoState, status: str, error: str | None) -> None:
@@ -328,14 +320,14 @@ def write_summary(st: AutoState, status: str, error: str | None) -> None:
     missing = _missing(st)
     if status == "failed":  # every rank: `stepscope run` names the first to fail
         run.append_event({"type": "crash", "rank": st.rank, "error": error,
-                          "wall_time_s": time.time(), "step": st.step_index})
+                          "wall_time_s": time.time(), "step": st.step.index})
     if st.rank != 0:
         return
     for f in missing:
         run.append_event({"type": "finding", **f.to_dict()})
     noop = st.settings.noop_grad_sync
     config: dict[str, Any] = {
-        "steps_recorded": st.step_index, "hook_failures": st.failures,
+        "steps_recorded": st.step.index, "hook_failures": st.failures.count,
         "missing": [f.message for f in missing], "finished_utc": time.time(),
     }
     if noop:
@@ -344,16 +336,16 @@ def write_summary(st: AutoState, status: str, error: str | None) -> None:
     if st.settings.replay_data:
         config["modified_by_data"] = "STEPSCOPE_REPLAY_DATA=1 (first batches replayed)"
     for key in ("loss_convention", "step_boundary", "before_training", "between_steps"):
-        if key in st.config:
-            config[key] = st.config[key]
-    if "flops_convention" in st.notes:
-        config["flops_convention_refused"] = st.notes["flops_convention"]
-    if "flops_counted" in st.notes:
-        config["flops_counted"] = st.notes["flops_counted"]
+        if key in st.fp.config:
+            config[key] = st.fp.config[key]
+    if "flops_convention" in st.fp.notes:
+        config["flops_convention_refused"] = st.fp.notes["flops_convention"]
+    if "flops_counted" in st.fp.notes:
+        config["flops_counted"] = st.fp.notes["flops_counted"]
     try:
         run.update_meta(config=config)
     except Exception as exc:
-        st.failed("run.json summary", exc)
+        st.failures.failed("run.json summary", exc)
 
 
 def _missing(st: AutoState) -> list[Finding]:
@@ -363,13 +355,13 @@ def _missing(st: AutoState) -> list[Finding]:
         out.append(Finding("logging", "warning", f"no {what} recorded: {why}",
                            rule="integrations.torch.auto", rank=st.rank))
 
-    if st.step_index == 0:
+    if st.step.index == 0:
         miss("steps", "no torch.optim optimizer step was seen (custom update without "
              "optimizer.step()?); use stepscope.Recorder in the script")
         return out
-    if st.first_micro == 0:
+    if st.fp.first_micro == 0:
         miss("loss", "backward() was never called on a tensor (closure or custom autograd?)")
-    if not st.saw_loader:
+    if not st.batches.saw_loader:
         miss("data wait", "no torch.utils.data.DataLoader was iterated; data_wait_s is "
              "absent and tokens come from the model's inputs")
     return out

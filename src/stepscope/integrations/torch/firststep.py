@@ -27,9 +27,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Segment", "hold", "framework_ran", "resolve"]
+if TYPE_CHECKING:
+    from .evalloss import EvalLosses
+    from .pending import StepData
+
+__all__ = ["Segment", "PreTraining"]
 
 PROBE_NOTE = ("no-grad / eval-mode forwards of the trained model before its first training "
               "forward, with no loss and no framework evaluation around them (shape "
@@ -47,54 +51,62 @@ class Segment:
     framework: bool = False  # a framework's evaluation loop ran it
 
 
-def hold(st: Any, key: int | None, t0: float, t_end: float, entry: list[Any] | None) -> None:
-    """Keep one pre-training forward for :func:`resolve`."""
-    d = st.cur
-    st.pre_segments.append(Segment(
-        key, t0, t_end, not math.isnan(d.t_start),
-        (d.data_wait, d.loader_batches, d.loader_tokens, d.loader_samples), entry))
-
-
-def framework_ran(st: Any) -> None:
-    """A framework's evaluation loop ended: the forwards held so far were evaluation."""
-    for seg in st.pre_segments:
-        seg.framework = True
-
-
 def _kind(seg: Segment, train_key: int | None) -> str | None:
     if seg.framework or (seg.entry is not None and seg.entry[0] is not None):
         return "eval"
     return "probe" if seg.key == train_key else None
 
 
-def resolve(st: Any, train_key: int | None) -> None:
-    """The first training forward starts: book the held forwards (module docstring)."""
-    segs, st.pre_segments = st.pre_segments, []
-    d = st.cur
-    start, shift, cut = d.t_start, 0.0, None
-    for seg in segs:
-        kind = _kind(seg, train_key)
-        if kind != "eval" and seg.entry is not None:
-            st.evals.drop(seg.entry)  # not an evaluation: no loss of it is recorded
-        if kind == "eval":
-            # everything since the step opened or the last evaluation, less the probes'
-            span = seg.t_end - start - shift if seg.in_step else seg.t_end - seg.t0
-            d.extra["eval_s"] = d.extra.get("eval_s", 0.0) + max(0.0, span)
-            if seg.in_step:
-                start, shift, cut = seg.t_end, 0.0, seg
-        elif kind == "probe":
-            span = max(0.0, seg.t_end - seg.t0)  # the forward alone: a fetch before it
-            if seg.in_step:                        # may be the first step's own batch
-                shift += span
-            n, total = st.probes
-            st.probes = (n + 1, total + span)
-            st.config["before_training"] = {"probe_forwards": n + 1,
-                                            "probe_s": total + span, "note": PROBE_NOTE}
-    if not math.isnan(start):
-        d.t_start = start + shift  # step 0's span without the booked forwards
-    if cut is not None:  # ... and without the fetches of the evaluation
-        wait, batches, tokens, samples = cut.data
-        d.data_wait = max(0.0, d.data_wait - wait)
-        d.loader_batches = max(0, d.loader_batches - batches)
-        d.loader_tokens = max(0.0, d.loader_tokens - tokens)
-        d.loader_samples = max(0.0, d.loader_samples - samples)
+class PreTraining:
+    """The forwards held before the first training forward, and the probes found so far."""
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+        self.probes: tuple[int, float] = (0, 0.0)  # probe forwards, their seconds
+
+    def hold(self, d: StepData, key: int | None, t0: float, t_end: float,
+             entry: list[Any] | None) -> None:
+        """Keep one pre-training forward (``d``: the open step) for :meth:`resolve`."""
+        self.segments.append(Segment(
+            key, t0, t_end, not math.isnan(d.t_start),
+            (d.data_wait, d.loader_batches, d.loader_tokens, d.loader_samples), entry))
+
+    def framework_ran(self) -> None:
+        """A framework's evaluation loop ended: the forwards held so far were evaluation."""
+        for seg in self.segments:
+            seg.framework = True
+
+    def resolve(self, d: StepData, evals: EvalLosses, train_key: int | None
+                ) -> dict[str, Any] | None:
+        """The first training forward of step ``d`` starts: book the held forwards
+        (module docstring). Returns run.json ``config.before_training`` when probes were
+        found, else None."""
+        segs, self.segments = self.segments, []
+        start, shift, cut = d.t_start, 0.0, None
+        note = None
+        for seg in segs:
+            kind = _kind(seg, train_key)
+            if kind != "eval" and seg.entry is not None:
+                evals.drop(seg.entry)  # not an evaluation: no loss of it is recorded
+            if kind == "eval":
+                # everything since the step opened or the last evaluation, less the probes'
+                span = seg.t_end - start - shift if seg.in_step else seg.t_end - seg.t0
+                d.extra["eval_s"] = d.extra.get("eval_s", 0.0) + max(0.0, span)
+                if seg.in_step:
+                    start, shift, cut = seg.t_end, 0.0, seg
+            elif kind == "probe":
+                span = max(0.0, seg.t_end - seg.t0)  # the forward alone: a fetch before it
+                if seg.in_step:                        # may be the first step's own batch
+                    shift += span
+                n, total = self.probes
+                self.probes = (n + 1, total + span)
+                note = {"probe_forwards": n + 1, "probe_s": total + span, "note": PROBE_NOTE}
+        if not math.isnan(start):
+            d.t_start = start + shift  # step 0's span without the booked forwards
+        if cut is not None:  # ... and without the fetches of the evaluation
+            wait, batches, tokens, samples = cut.data
+            d.data_wait = max(0.0, d.data_wait - wait)
+            d.loader_batches = max(0, d.loader_batches - batches)
+            d.loader_tokens = max(0.0, d.loader_tokens - tokens)
+            d.loader_samples = max(0.0, d.loader_samples - samples)
+        return note

@@ -23,51 +23,84 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import evals
-from . import evalloss, firststep
+from .clipnorm import ClipNorm
+from .failures import Failures
+from .firststep import PreTraining
 
-__all__ = ["patch_loaded"]
+__all__ = ["FrameworkPatches"]
+
+# A framework's evaluation metrics and where they came from, handed to the state.
+OnEval = Callable[[Mapping[str, float], str], None]
 
 
-def _patch_hf(st: Any, mod: Any) -> None:
+class FrameworkPatches:
+    """The frameworks patched so far, and what their patches report to."""
+
+    def __init__(self, failures: Failures, pre: PreTraining, clip: ClipNorm,
+                 on_eval: OnEval) -> None:
+        self.failures = failures
+        self.pre = pre  # held forwards: a framework's evaluation ran them
+        self.clip = clip  # DeepSpeed ZeRO's global norm
+        self.on_eval = on_eval  # a framework reported an evaluation's metrics
+        self.done: set[str] = set()
+
+    def patch_loaded(self) -> None:
+        """Patch the frameworks imported by now, each once per process."""
+        if len(self.done) == len(_TARGETS):
+            return
+        for name, patch in _TARGETS.items():
+            mod = sys.modules.get(name)
+            if mod is None or name in self.done:
+                continue
+            self.done.add(name)
+            try:
+                patch(self, mod)
+            except Exception as exc:  # another version's layout: the generic collector stays
+                self.failures.failed(f"{name} evaluation hook", exc)
+
+    def evaluated(self, metrics: Mapping[str, float], source: str) -> None:
+        """A framework's evaluation loop ended with ``metrics``."""
+        self.pre.framework_ran()
+        self.on_eval(metrics, source)
+
+
+def _patch_hf(fw: FrameworkPatches, mod: Any) -> None:
     cls = mod.CallbackHandler
     orig = cls.on_evaluate
 
     @functools.wraps(orig)
-    def on_evaluate(self: Any, args: Any, state: Any, control: Any, metrics: Any,
+    def on_evaluate(self: Any, args: Any, state: object, control: Any, metrics: Any,
                     **kwargs: Any) -> Any:
         try:
-            firststep.framework_ran(st)
-            evalloss.reported(st, evals.hf_metrics(metrics), "Trainer on_evaluate")
+            fw.evaluated(evals.hf_metrics(metrics), "Trainer on_evaluate")
         except Exception as exc:
-            st.failed("Trainer on_evaluate hook", exc)
+            fw.failures.failed("Trainer on_evaluate hook", exc)
         return orig(self, args, state, control, metrics, **kwargs)
 
     cls.on_evaluate = on_evaluate
 
 
-def _patch_lightning(st: Any, mod: Any) -> None:
+def _patch_lightning(fw: FrameworkPatches, mod: Any) -> None:
     cls = mod._EvaluationLoop
     orig = cls._on_evaluation_end
 
     @functools.wraps(orig)
     def _on_evaluation_end(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            firststep.framework_ran(st)
-            evalloss.reported(st, evals.lightning_metrics(self.trainer),
-                              "Lightning evaluation loop")
+            fw.evaluated(evals.lightning_metrics(self.trainer), "Lightning evaluation loop")
         except Exception as exc:
-            st.failed("Lightning evaluation hook", exc)
+            fw.failures.failed("Lightning evaluation hook", exc)
         return orig(self, *args, **kwargs)
 
     cls._on_evaluation_end = _on_evaluation_end
 
 
-def _patch_zero(cls_name: str) -> Callable[[Any, Any], None]:
-    def patch(st: Any, mod: Any) -> None:
+def _patch_zero(cls_name: str) -> Callable[[FrameworkPatches, Any], None]:
+    def patch(fw: FrameworkPatches, mod: Any) -> None:
         cls = getattr(mod, cls_name)
         orig = cls._optimizer_step
 
@@ -76,9 +109,9 @@ def _patch_zero(cls_name: str) -> Callable[[Any, Any], None]:
             try:
                 norm = getattr(self, "_global_grad_norm", None)
                 if norm is not None:
-                    st.clip_norm = norm
+                    fw.clip.given(norm)
             except Exception as exc:
-                st.failed("DeepSpeed ZeRO hook", exc)
+                fw.failures.failed("DeepSpeed ZeRO hook", exc)
             return orig(self, *args, **kwargs)
 
         cls._optimizer_step = _optimizer_step
@@ -86,25 +119,10 @@ def _patch_zero(cls_name: str) -> Callable[[Any, Any], None]:
     return patch
 
 
-_TARGETS: dict[str, Callable[[Any, Any], None]] = {
+_TARGETS: dict[str, Callable[[FrameworkPatches, Any], None]] = {
     "transformers.trainer_callback": _patch_hf,
     "lightning.pytorch.loops.evaluation_loop": _patch_lightning,
     "pytorch_lightning.loops.evaluation_loop": _patch_lightning,
     "deepspeed.runtime.zero.stage_1_and_2": _patch_zero("DeepSpeedZeroOptimizer"),
     "deepspeed.runtime.zero.stage3": _patch_zero("DeepSpeedZeroOptimizer_Stage3"),
 }
-
-
-def patch_loaded(st: Any) -> None:
-    """Patch the frameworks imported by now, each once per process."""
-    if len(st.frameworks_patched) == len(_TARGETS):
-        return
-    for name, patch in _TARGETS.items():
-        mod = sys.modules.get(name)
-        if mod is None or name in st.frameworks_patched:
-            continue
-        st.frameworks_patched.add(name)
-        try:
-            patch(st, mod)
-        except Exception as exc:  # another version's layout: the generic collector stays
-            st.failed(f"{name} evaluation hook", exc)

@@ -1,6 +1,7 @@
 """The global PyTorch hooks of ``stepscope run`` (installed once per process).
 
-Each hook body calls into :class:`.state.AutoState` inside ``try/except Exception``:
+Each hook body calls into :class:`.state.AutoState` and its parts inside
+``try/except Exception``:
 a failure is counted and warned about once, and the training call always goes through.
 
 Installed:
@@ -22,6 +23,7 @@ from __future__ import annotations
 import atexit
 import functools
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -40,25 +42,27 @@ _NAN = float("nan")
 def install(settings: Settings) -> AutoState:
     """The process state with every hook installed (torch is imported by now)."""
     st = AutoState(settings, torch)
+    # DDP models given a timed comm hook (a weak set: nothing is stored on user modules)
+    hooked: weakref.WeakSet[Any] = weakref.WeakSet()
     _plug_meta(st)
     _optimizer_hooks(st)
-    _module_hooks(st)
+    _module_hooks(st, hooked)
     _autograd_hooks(st)
     _loader_hook(st)
     _misc_hooks(st)
-    _ddp_hooks(st)
+    _ddp_hooks(st, hooked)
     _exit_hooks(st)
     return st
 
 
 def _plug_meta(st: AutoState) -> None:
-    """What the process does besides timing (:mod:`.meta`), at the state's seams."""
+    """What the process does besides timing (:mod:`.fingerprint`), at the state's seams."""
     st.on_recorder = on_sigterm
     st.on_model = meta.note_model
-    st.on_optimizer = lambda s, opt: meta.note_optimizer(s.baseline, opt)
+    st.on_optimizer = lambda s, opt: meta.note_optimizer(s.fp.baseline, opt)
     st.before_optimizer_step = meta.maybe_cross_rank
     st.after_boundary = meta.after_boundary
-    st.before_close = meta.stop_profiler
+    st.before_close = lambda s: s.profile.stop()
     st.at_close = meta.write_summary
 
 
@@ -78,30 +82,30 @@ def _optimizer_hooks(st: AutoState) -> None:
             fn = closure.closure_of(args, kwargs)
             primary_now[0] = st.on_optimizer_pre(opt, has_closure=fn is not None)
             if fn is not None and primary_now[0]:
-                new = closure.replace_closure(args, kwargs, loops.wrap_closure(st, fn))
+                new = closure.replace_closure(args, kwargs, st.loops.wrap_closure(fn))
         except Exception as exc:
             primary_now[0] = False
-            st.failed("optimizer pre-hook", exc)
+            st.failures.failed("optimizer pre-hook", exc)
         t0[0] = clock()
         return new  # None: the step's own arguments; else the timed closure in its place
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
         dt = clock() - t0[0]
         if not primary_now[0]:
-            st.cur.optimizer += dt  # a secondary optimizer: its time, not a boundary
+            st.step.cur.optimizer += dt  # a secondary optimizer: its time, not a boundary
             return
         try:
             st.on_optimizer_post(dt)
         except SystemExit:
             raise
         except Exception as exc:
-            st.failed("optimizer post-hook", exc)
+            st.failures.failed("optimizer post-hook", exc)
 
     register_optimizer_step_pre_hook(pre)
     register_optimizer_step_post_hook(post)
 
 
-def _module_hooks(st: AutoState) -> None:
+def _module_hooks(st: AutoState, hooked: weakref.WeakSet[Any]) -> None:
     from torch.nn.modules.module import (
         register_module_forward_hook,
         register_module_forward_pre_hook,
@@ -109,76 +113,77 @@ def _module_hooks(st: AutoState) -> None:
 
     grad_enabled = torch.is_grad_enabled
     compiling = torch.compiler.is_compiling
-    stack = st.stack
+    phase, lp, failed = st.phase, st.loops, st.failures.failed
 
     # Under torch.compile, Dynamo traces the module calls inside a compiled region
     # together with global hooks; is_compiling() is True while it traces, so stepscope's
     # Python stays out of the traced code and only the outermost, uncompiled call (the
-    # OptimizedModule) is timed. Stack entries: 1 a counted call (autograd on), 0 not
-    # counted, 2 the outermost call of an evaluation forward (see .between), 3 a loss module
-    # computing that evaluation's loss (see .evalloss).
+    # OptimizedModule) is timed. Stack entries (.phases): 1 a counted call (autograd on),
+    # 0 not counted, 2 the outermost call of an evaluation forward (see .between), 3 a loss
+    # module computing that evaluation's loss (see .evalloss).
     def pre(module: Any, args: Any) -> None:
-        if compiling() or st.quiet:
+        if compiling() or phase.quiet:
             return
-        counted = not st.in_backward and grad_enabled()
+        counted = not phase.in_backward and grad_enabled()
         if not counted:
-            stack.append(loops.eval_mark(st, module, args))
+            phase.push(lp.eval_mark(module, args))
             return
-        stack.append(1)
-        if st.depth == 0:
+        phase.push(1)
+        if phase.depth == 0:
             try:
                 st.on_forward_root(module, args)
-                _maybe_ddp(st, module)
+                _maybe_ddp(hooked, module)
             except Exception as exc:
-                st.failed("forward pre-hook", exc)
-        st.depth += 1
+                failed("forward pre-hook", exc)
+        phase.enter()
 
     def post(module: Any, args: Any, output: Any) -> None:
-        if compiling() or st.quiet or not stack:
+        if compiling() or phase.quiet:
             return
-        mark = stack.pop()
+        mark = phase.pop()
+        if mark is None:
+            return
         if mark != 1:
             if mark == loops.EVAL_MARK:
-                loops.eval_end(st, output)
+                lp.eval_end(output)
             elif mark == loops.LOSS_MARK:
-                loops.loss_end(st, output)
+                lp.loss_end(output)
             return
-        st.depth -= 1
-        if st.depth == 0:
+        if phase.leave():
             try:
                 st.on_forward_root_end()
             except Exception as exc:
-                st.failed("forward hook", exc)
+                failed("forward hook", exc)
 
     register_module_forward_pre_hook(pre)
     register_module_forward_hook(post, always_call=True)
 
 
 def _autograd_hooks(st: AutoState) -> None:
-    clock = st.clock
+    clock, phase, failed = st.clock, st.phase, st.failures.failed
 
     def timed(orig: Any, first_tensor: Any) -> Any:
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if st.in_backward:
+            if phase.in_backward:
                 return orig(*args, **kwargs)
             tensor = first_tensor(args, kwargs)
             try:
                 st.activity()
                 st.before_backward(tensor)
-                st.dev_begin("backward")
+                phase.begin("backward")
             except Exception as exc:
-                st.failed("backward hook", exc)
-            st.in_backward = True
+                failed("backward hook", exc)
+            phase.backward(True)
             t0 = clock()
             try:
                 return orig(*args, **kwargs)
             finally:
-                st.in_backward = False
+                phase.backward(False)
                 try:
                     st.on_backward(tensor, clock() - t0)
                 except Exception as exc:
-                    st.failed("backward hook", exc)
+                    failed("backward hook", exc)
 
         return wrapper
 
@@ -211,17 +216,16 @@ def _loader_hook(st: AutoState) -> None:
             except StopIteration:
                 raise
             except Exception as exc:  # a replay failure falls back to the real loader
-                st.failed("data replay", exc)
+                st.failures.failed("data replay", exc)
         if not hit:
             batch = orig(self)  # the loader's own errors reach the script unchanged
             if replay is not None:
                 replay.keep(self, batch)
         dt = clock() - t0
         try:
-            st.saw_loader = True
             st.on_batch(batch, dt)
         except Exception as exc:
-            st.failed("DataLoader hook", exc)
+            st.failures.failed("DataLoader hook", exc)
         return batch
 
     _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
@@ -230,9 +234,9 @@ def _loader_hook(st: AutoState) -> None:
 def _misc_hooks(st: AutoState) -> None:
     def on_clip(norm: Any) -> None:
         try:
-            st.clip_norm = norm.detach() if hasattr(norm, "detach") else norm
+            st.clip.seen(norm)
         except Exception as exc:
-            st.failed("clip_grad_norm_ hook", exc)
+            st.failures.failed("clip_grad_norm_ hook", exc)
 
     watch_clip_norms(on_clip)
 
@@ -248,7 +252,7 @@ def _misc_hooks(st: AutoState) -> None:
 
     torch.manual_seed = manual_seed
     _scaler_hooks(st, torch.amp.GradScaler)
-    loops.install(st)
+    st.loops.install()
 
 
 def _scaler_hooks(st: AutoState, scaler_cls: Any) -> None:
@@ -259,11 +263,9 @@ def _scaler_hooks(st: AutoState, scaler_cls: Any) -> None:
     def scale(self: Any, outputs: Any) -> Any:
         out = orig_scale(self, outputs)
         try:
-            st.scaler = self
-            if out is not outputs and hasattr(out, "numel") and out.numel() == 1:
-                st.scaled[id(out)] = outputs
+            st.accum.scaled(self, out, outputs)
         except Exception as exc:
-            st.failed("GradScaler.scale hook", exc)
+            st.failures.failed("GradScaler.scale hook", exc)
         return out
 
     @functools.wraps(orig_update)
@@ -271,19 +273,19 @@ def _scaler_hooks(st: AutoState, scaler_cls: Any) -> None:
         try:
             # The optimizer step was skipped (inf/NaN gradients) when a step is still
             # open after GradScaler.step: close it here, flagged as an overflow.
-            if st.open and st.cur.micro and self.is_enabled():
+            if st.step.open and st.step.cur.micro and self.is_enabled():
                 st.boundary(overflow=True)
         except SystemExit:
             raise
         except Exception as exc:
-            st.failed("GradScaler.update hook", exc)
+            st.failures.failed("GradScaler.update hook", exc)
         return orig_update(self, new_scale)
 
     scaler_cls.scale = scale
     scaler_cls.update = update
 
 
-def _ddp_hooks(st: AutoState) -> None:
+def _ddp_hooks(st: AutoState, hooked: weakref.WeakSet[Any]) -> None:
     if not torch.distributed.is_available():
         return
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -291,25 +293,25 @@ def _ddp_hooks(st: AutoState) -> None:
     orig_register = DDP.register_comm_hook
 
     @functools.wraps(orig_register)
-    def register_comm_hook(self: Any, state: Any, hook: Any) -> Any:
-        st.ddp_hooked.add(self)  # a weak set: nothing is stored on the user's module
+    def register_comm_hook(self: Any, state: object, hook: Any) -> Any:
+        hooked.add(self)  # a weak set: nothing is stored on the user's module
         try:
             hook = ddp.timed_comm_hook(st.comm, hook, noop=st.settings.noop_grad_sync)
         except Exception as exc:
-            st.failed("DDP comm hook", exc)
+            st.failures.failed("DDP comm hook", exc)
         return orig_register(self, state, hook)
 
     DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
     ddp.patch_collectives(torch.distributed, st.comm)
 
 
-def _maybe_ddp(st: AutoState, module: Any) -> None:
+def _maybe_ddp(hooked: weakref.WeakSet[Any], module: Any) -> None:
     """First forward of a DDP model with no comm hook: register a timed all-reduce."""
     if type(module).__name__ != "DistributedDataParallel":
         return
-    if module in st.ddp_hooked:
+    if module in hooked:
         return
-    st.ddp_hooked.add(module)
+    hooked.add(module)
     module.register_comm_hook(None, None)  # -> wrapper above with the default all-reduce
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ...calc.hf_config import FAMILIES, spec_kwargs
 
-__all__ = ["sequence_first", "lookup_only_params", "six_n_matmul", "transformer_shape"]
+__all__ = ["sequence_first", "lookup_only_params", "transformer_shape"]
 
 _LAYOUT_LAYERS = ("RNN", "LSTM", "GRU", "MultiheadAttention", "TransformerEncoderLayer",
                   "TransformerDecoderLayer", "Transformer")
@@ -57,21 +57,6 @@ def lookup_only_params(model: Any) -> int:
             continue
         used_elsewhere.update(id(p) for p in own)
     return sum(n for key, n in tables.items() if key not in used_elsewhere)
-
-
-def six_n_matmul(num_params: int, lookups: int) -> dict[str, Any]:
-    """run.json FLOPs fields of the default convention: 6 x matmul parameters per token.
-
-    Forward 2 FLOPs per weight per token (a multiply-add), backward 4 (gradients of input
-    and weight); no attention-core term, no recompute, so HFU equals MFU. Embedding
-    lookups (``lookups`` parameters) do no matmul work and are left out.
-    """
-    n = num_params - lookups
-    return {"flops_per_token": 6.0 * n, "hardware_flops_per_token": 6.0 * n,
-            "flops_matmul_params": n,
-            "flops_convention": (f"6N over matmul parameters (N = {n:,}; {lookups:,} "
-                                 "embedding-lookup parameters left out), no attention term, "
-                                 "no recompute")}
 
 
 # model.config attribute names, Hugging Face first, then nanoGPT's GPTConfig

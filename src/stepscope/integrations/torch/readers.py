@@ -1,61 +1,18 @@
-"""Values of the zero-code instrumentation: readers of framework state and the step's row.
+"""Readers of framework state for the zero-code instrumentation.
 
 Readers turn framework state into plain values (torch is passed in, never imported): the
-rank from the environment, device phase times from CUDA event pairs, the gradient norm as
-a device tensor (read later, so no host synchronisation now), the GradScaler scale, a
-batch's shape for run.json. :func:`emit` turns one finished step into a recorder row.
+rank from the environment, the gradient norm as a device tensor (read later, so no host
+synchronisation now), the GradScaler scale, a batch's shape for run.json, a module call's
+keyword arguments.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
-from ...record.session import StepSession
-from . import accum, ddp
-from .between import COLUMNS as BETWEEN_COLUMNS
-from .settings import Settings
-
 _NAN = math.nan
-
-
-@dataclass
-class StepData:
-    """Everything measured for one optimizer step (seconds, counts, raw values)."""
-
-    t_start: float = _NAN
-    t_end: float = _NAN
-    wall_end: float = _NAN
-    data_wait: float = 0.0
-    forward: float = 0.0
-    backward: float = 0.0
-    optimizer: float = 0.0
-    loader_batches: int = 0
-    loader_tokens: float = 0.0
-    loader_samples: float = 0.0
-    fwd_tokens: float = 0.0
-    fwd_samples: float = 0.0
-    fwd_calls: int = 0  # outermost calls of a module with parameters
-    fwd_counted: int = 0  # ... of which token ids were found in the inputs
-    micro: int = 0
-    losses: list[Any] = field(default_factory=list)
-    divisors: list[float | None] = field(default_factory=list)  # per loss: its 1/k (accum)
-    accum_k: float | None = None  # the run's confirmed accumulation divisor at this step
-    lr: float = _NAN
-    grad_norm: Any = None
-    loss_scale: Any = None
-    overflow: float = _NAN
-    mem: tuple[float, float] = (_NAN, _NAN)
-    comm: list[Any] = field(default_factory=list)
-    compute_end: Any = None
-    extra: dict[str, float] = field(default_factory=dict)
-    booked: list[list[Any]] = field(default_factory=list)  # between-steps bookings (.between)
-    # CUDA only: (phase, start event, end event) and an event at the step's end.
-    dev: list[tuple[str, Any, Any]] = field(default_factory=list)
-    done_event: Any = None
-    tool: float = 0.0  # stepscope's own time inside the step (emission, gathers)
 
 
 def scalar(value: Any) -> float:
@@ -71,14 +28,6 @@ def dist_rank(torch: Any) -> int | None:
     """This process's rank in the default process group, None before the group exists."""
     d = torch.distributed
     return int(d.get_rank()) if d.is_available() and d.is_initialized() else None
-
-
-def device_phases(marks: list[tuple[str, Any, Any]]) -> dict[str, float]:
-    """Seconds per phase from CUDA event pairs (``elapsed_time`` is in milliseconds)."""
-    out: dict[str, float] = {}
-    for phase, start, end in marks:
-        out[phase] = out.get(phase, 0.0) + float(start.elapsed_time(end)) / 1000.0
-    return out
 
 
 def grad_norm_tensor(torch: Any, groups: Any) -> Any:
@@ -108,87 +57,6 @@ def shape_of(obj: Any, torch: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [shape_of(v, torch) for v in list(obj)[:8]]
     return type(obj).__name__
-
-
-def cross_row(d: StepData, comm: ddp.CommStep, forward: float, backward: float
-              ) -> dict[str, float]:
-    """This step's values of the cross-rank quantities (:data:`.ddp.CROSS_FIELDS`)."""
-    exposed = _NAN if math.isnan(comm.exposed_s) else comm.exposed_s
-    return {
-        "step_time_s": d.t_end - d.t_start, "data_wait_s": d.data_wait,
-        "forward_s": forward, "backward_s": backward, "optimizer_s": d.optimizer,
-        "comm_s": comm.total_s, "comm_exposed_s": exposed,
-        "compute_s": forward + backward + d.optimizer,
-    }
-
-
-def emit(session: StepSession, settings: Settings, d: StepData, saw_loader: bool
-         ) -> ddp.CommStep:
-    """Hand one finished step to the session as measured; returns its communication."""
-    # The model's own inputs when every outermost call of the step showed token ids
-    # (exact: a script that slices targets off the batch feeds fewer tokens than the
-    # loader produced, and a loader may prefetch), else the DataLoader batches drawn
-    # during the step.
-    use_fwd = (d.fwd_counted > 0 and d.fwd_counted == d.fwd_calls) or not d.loader_batches
-    tokens = d.fwd_tokens if use_fwd else d.loader_tokens
-    samples = d.fwd_samples if use_fwd else d.loader_samples
-    if not math.isnan(settings.tokens_per_step):
-        tokens = settings.tokens_per_step
-    if not math.isnan(settings.samples_per_step):
-        samples = settings.samples_per_step
-    comm = ddp.summarize_comm(d.comm, d.compute_end)
-    exp = comm.exposed_by_phase
-    if d.dev:  # CUDA: device time between the phase marks replaces host time
-        dev = device_phases(d.dev)
-        d.forward = dev.get("forward", d.forward)
-        d.backward = dev.get("backward", d.backward)
-        d.optimizer = dev.get("optimizer", d.optimizer)
-    # Blocking communication inside a phase is comm_exposed_s, not that phase.
-    forward = max(0.0, d.forward - exp.get("forward", 0.0))
-    backward = max(0.0, d.backward - exp.get("backward", 0.0))
-    phases = {"forward": forward, "backward": backward, "optimizer": d.optimizer}
-    if d.tool > 0:
-        phases["tool"] = d.tool
-    if saw_loader:  # without a DataLoader the wait is unknown, not zero
-        phases["data_wait"] = d.data_wait
-    values = step_values(d, comm, tokens, samples)
-    session.record(d.t_start, d.t_end, wall_end_s=d.wall_end,
-                   tokens=values.pop("tokens", _NAN), samples=values.pop("samples", _NAN),
-                   phases=phases, values=values, cross=cross_row(d, comm, forward, backward))
-    return comm
-
-
-def step_values(d: StepData, comm: ddp.CommStep, tokens: float, samples: float
-                ) -> dict[str, float]:
-    """The row's values; only what was seen (a NaN here is the training's own NaN)."""
-    values: dict[str, float] = {"overflow": d.overflow, "micro_batches": float(d.micro)}
-    if tokens > 0:
-        values["tokens"] = tokens
-    if samples > 0:
-        values["samples"] = samples
-    if d.losses:
-        values["loss"] = accum.step_loss([scalar(x) for x in d.losses], d.divisors,
-                                         d.accum_k)
-    if d.grad_norm is not None:
-        values["grad_norm"] = scalar(d.grad_norm)
-    if d.loss_scale is not None:
-        values["loss_scale"] = scalar(d.loss_scale)
-    for key, v in (("lr", d.lr), ("mem_peak_bytes", d.mem[0]),
-                   ("mem_alloc_bytes", d.mem[1])):
-        if not math.isnan(v):
-            values[key] = v
-    if not math.isnan(comm.total_s):
-        values["comm_s"] = comm.total_s
-        values["comm_exposed_s"] = comm.exposed_s
-        for kind, secs in comm.by_kind_s.items():
-            values[f"comm_{kind}_s"] = secs
-        if comm.buckets:
-            values["comm_buckets"] = float(comm.buckets)
-            values["comm_buckets_overlapped"] = float(comm.overlapped_buckets)
-    for col in BETWEEN_COLUMNS.values():  # measured on every step: 0 = nothing between
-        values[col] = 0.0
-    values.update(d.extra)
-    return values
 
 
 def call_kwargs() -> dict[str, Any]:

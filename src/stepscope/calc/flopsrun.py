@@ -2,12 +2,12 @@
 --flops-convention NAME``).
 
 The run records the model's parameter count, its embedding-lookup parameters and, when
-``model.config`` names them, layers, heads, hidden width and vocabulary (see
-:mod:`.layout`). From those, :func:`by_convention` gives every convention that can be
-computed: ``matmul`` (the default: 6 x matmul parameters, lookups left out) always, and
-the calculator's ``palm``, ``torchtitan``, ``6n`` and the Megatron ones when the shape
-allows (:func:`stepscope.calc.flops.flops_per_token`; palm's N = every parameter except
-position tables, as nanoGPT's ``estimate_mfu``).
+``model.config`` names them, layers, heads, hidden width and vocabulary (the torch
+adapter's ``layout``). Pure arithmetic over those numbers: :func:`by_convention` gives
+every convention that can be computed: ``matmul`` (the default: 6 x matmul parameters,
+lookups left out) always, and the calculator's ``palm``, ``torchtitan``, ``6n`` and the
+Megatron ones when the shape allows (:func:`stepscope.calc.flops.flops_per_token`; palm's
+N = every parameter except position tables, as nanoGPT's ``estimate_mfu``).
 
 Example::
 
@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...calc.flops import CONVENTIONS, flops_per_token
-from ...calc.model import ModelSpec
-from ...errors import ConfigError
-from .layout import six_n_matmul
+from ..errors import ConfigError
+from .flops import CONVENTIONS, flops_per_token
+from .model import ModelSpec
 
-__all__ = ["DEFAULT", "NAMES", "by_convention", "choose"]
+__all__ = ["DEFAULT", "NAMES", "by_convention", "choose", "six_n_matmul"]
 
 DEFAULT = "matmul"
 # What `stepscope run --flops-convention` accepts; "counted": the model's own forward FLOPs
@@ -36,6 +35,21 @@ NAMES = (DEFAULT, "counted", *CONVENTIONS)
 _EXTRA = ("head_dim", "swiglu", "moe_experts", "moe_top_k", "moe_shared_experts",
           "moe_ffn_hidden", "moe_shared_ffn_hidden", "first_k_dense", "kv_lora_rank",
           "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+
+
+def six_n_matmul(num_params: int, lookups: int) -> dict[str, Any]:
+    """run.json FLOPs fields of the default convention: 6 x matmul parameters per token.
+
+    Forward 2 FLOPs per weight per token (a multiply-add), backward 4 (gradients of input
+    and weight); no attention-core term, no recompute, so HFU equals MFU. Embedding
+    lookups (``lookups`` parameters) do no matmul work and are left out.
+    """
+    n = num_params - lookups
+    return {"flops_per_token": 6.0 * n, "hardware_flops_per_token": 6.0 * n,
+            "flops_matmul_params": n,
+            "flops_convention": (f"6N over matmul parameters (N = {n:,}; {lookups:,} "
+                                 "embedding-lookup parameters left out), no attention term, "
+                                 "no recompute")}
 
 
 def by_convention(num_params: int, lookups: int, seq_len: int | None,
