@@ -26,7 +26,7 @@ steady-state regime (``Regimes.steady``) is the longest regime the environment d
 explain (the later one on a tie); the sheet's tokens/s, step time and MFU, compare, the
 index and the HTML report all use its steps (``Regimes.mask``).
 
-Segmentation (:mod:`.segment`): binary segmentation (Scott & Knott 1974) of log step time
+Segmentation (:func:`segment`): binary segmentation (Scott & Knott 1974) of log step time
 under a squared error cost, at most ``MAX_REGIMES`` regimes of at least
 ``MIN_REGIME_STEPS`` steps; a split is kept only when the two sides' mean log step times
 differ by ``MIN_SHIFT`` and by ``SPLIT_Z`` x their standard errors. Every threshold is
@@ -55,7 +55,7 @@ from .step_grid import StepGrid, step_grid
 __all__ = ["Regime", "Regimes", "find_regimes", "segment", "ENVIRONMENT_CAUSES",
            "condition_columns", "window_values", "host_took_cpu", "environment_cause",
            "usage_wall",
-           "MIN_SHIFT", "MIN_REGIME_STEPS", "MAX_REGIMES"]
+           "MIN_SHIFT", "SPLIT_Z", "MIN_REGIME_STEPS", "MAX_REGIMES"]
 
 # The reference regime holds at least a tenth of the steady steps: a busy neighbour can
 # cover most of a run, and the quiet stretch is the one to measure against.
@@ -130,6 +130,7 @@ class Regimes:
         return {"regimes": [r.to_dict() for r in self.regimes], "steady": self.steady}
 
 
+# -- segmentation -------------------------------------------------------------------------
 # A regime's typical step time differs from its neighbour's by at least 20%: step times of
 # one configuration on a shared 2-core host jitter by ~10% (measured on the demo), so 20%
 # is a change of condition, not noise.
@@ -139,7 +140,7 @@ SPLIT_Z = 5.0
 MIN_REGIME_STEPS = 5
 MAX_REGIMES = 4
 
-# -- segmentation -------------------------------------------------------------------------
+
 def _mean_se(x: AnyArray) -> float:
     return math.sqrt(float(np.var(x, ddof=1)) / x.size) if x.size > 1 else math.inf
 
