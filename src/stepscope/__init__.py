@@ -124,6 +124,7 @@ _MOVED = {
     "stepscope.analysis.environment": "stepscope.analysis.env_evidence",
     "stepscope.analysis.compare.scaling": "stepscope.analysis.compare.scaling_efficiency",
     "stepscope.analysis.segment": "stepscope.analysis.regimes",
+    "stepscope.analysis.flopsconv": "stepscope.analysis.mfu",
     "stepscope.integrations.torch.values": "stepscope.integrations.torch.readers",
     "stepscope.integrations.torch.meta": "stepscope.integrations.torch.fingerprint",
     "stepscope.integrations.mindspore.scaling": "stepscope.integrations.mindspore.loss_scale",
