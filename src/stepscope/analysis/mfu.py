@@ -1,20 +1,17 @@
-"""The run's MFU and HFU from its recorded throughput and run.json's FLOPs and device peak.
-
-Example::
-
-    mfu, hfu, note = run_mfu(sheet.tokens_per_s, run.read_meta(), ranks=2)
-
-A recorded run read under another FLOPs convention (``report --flops-convention NAME``).
+"""A run's MFU and HFU: its recorded throughput with run.json's FLOPs and device peak, under
+the FLOPs convention the run recorded or another one it also recorded.
 
 ``stepscope run`` records, beside the convention it used, the FLOPs per token of every
 convention it could compute for the model (run.json ``environment.flops_by_convention``,
-see ``integrations/torch/flopsrun.py``). Choosing one here swaps the run's FLOPs fields, so
-MFU and HFU follow the chosen convention and the sheet names it.
+see ``integrations/torch/flopsrun.py``). :func:`with_flops_convention` swaps the run's
+FLOPs fields for one of them (``report --flops-convention NAME``), so the MFU and HFU of
+:func:`run_mfu` follow the chosen convention and the sheet names it.
 
 Example::
 
     meta = with_flops_convention(RunDir("runs/a").read_meta(), "palm")
     meta.environment["flops_convention"]     # "palm: 6*N + 12*L*H*Q*T (PaLM ...)"
+    mfu, hfu, note = run_mfu(sheet.tokens_per_s, meta, ranks=2)
 """
 
 from __future__ import annotations
