@@ -108,6 +108,7 @@ def __dir__() -> list[str]:
 _MOVED = {
     "stepscope.store": "stepscope.rundir.store",
     "stepscope.index": "stepscope.rundir.index",
+    "stepscope.rundir.write": "stepscope.rundir.store",
     "stepscope.recorder": "stepscope.record.recorder",
     "stepscope.session": "stepscope.record.session",
     "stepscope.conditions": "stepscope.record.conditions",
