@@ -129,6 +129,7 @@ _MOVED = {
     "stepscope.integrations.torch.values": "stepscope.integrations.torch.readers",
     "stepscope.integrations.torch.meta": "stepscope.integrations.torch.fingerprint",
     "stepscope.integrations.mindspore.scaling": "stepscope.integrations.mindspore.loss_scale",
+    "stepscope.integrations.mindspore.loop": "stepscope.integrations.mindspore.callback",
 }
 
 
