@@ -1,4 +1,5 @@
-"""Thin MindSpore layer: reads framework state and hands plain numbers to the core.
+"""Thin MindSpore layer: reads framework state and hands plain numbers to the core. Two
+ways in, one session underneath (:func:`make_session`).
 
 ``Model.train``::
 
@@ -6,25 +7,7 @@
     cb = StepscopeCallback("runs/exp1", profile_steps=(5, 7), cross_rank_every=50)
     model.train(epochs, dataset, callbacks=[cb], dataset_sink_mode=False)
 
-Custom loops on ``mindspore.value_and_grad``: :class:`.loop.LoopRecorder`.
-
-What is measured, per step: step time (step begin to step end plus the data wait before
-it), data wait (time between the previous step's end and this step's begin: the dataset
-iterator's ``next``), loss (the network outputs; a missing loss becomes the finding "no loss
-recorded: ..."), lr (the optimizer's, for the step that ran), loss scale and overflow (the
-loss-scale manager or ``mindspore.amp.DynamicLossScaler``), gradient norm (custom loops,
-where the gradients are at hand), process peak RSS. ``Model.train`` runs forward, backward
-and update as one compiled graph, so only the profiler can split them (``profile_steps``);
-``value_and_grad`` fuses forward and backward, so custom loops record ``forward_backward_s``.
-The step hooks take only the clock, the loss, the batch's counts and the scale; the rows
-are made in batches off the step path (:mod:`.batched`), and the FLOPs are counted once
-after the first step (:mod:`.autoflops`). Cross-rank medians are exchanged through the
-run directory every N steps (see ``crossrank``). Importing this module imports MindSpore
-(the callback subclasses ``mindspore.train.Callback``); ``import stepscope`` never does.
-
-Recorder for custom MindSpore loops built on ``mindspore.value_and_grad``.
-
-Example::
+Custom loops on ``mindspore.value_and_grad`` (:class:`LoopRecorder`)::
 
     rec = LoopRecorder("runs/exp1", network=net, optimizer=opt, scaler=scaler)
     for x, y in rec.wrap_loader(dataset.create_tuple_iterator()):
@@ -36,8 +19,19 @@ Example::
             rec.log(loss=loss, grads=grads)
     rec.close()
 
-What it measures is the callback module's (:mod:`.callback`), with ``forward_backward_s``
-for the fused value_and_grad call.
+What is measured, per step: step time (step begin to step end plus the data wait before
+it), data wait (time between the previous step's end and this step's begin: the dataset
+iterator's ``next``), loss (the network outputs; a missing loss becomes the finding "no loss
+recorded: ..."), lr (the optimizer's, for the step that ran), loss scale and overflow (the
+loss-scale manager or ``mindspore.amp.DynamicLossScaler``), gradient norm (custom loops,
+where the gradients are at hand), process peak RSS. ``Model.train`` runs forward, backward
+and update as one compiled graph, so only the profiler can split them (``profile_steps``);
+``value_and_grad`` fuses forward and backward, so custom loops record ``forward_backward_s``.
+The step hooks take only the clock, the loss, the batch's counts and the scale; the rows
+are made in batches off the step path (:mod:`.deferred`), and the FLOPs are counted once
+after the first step (:mod:`.autoflops`). Cross-rank medians are exchanged through the
+run directory every N steps (see ``crossrank``). Importing this module imports MindSpore
+(the callback subclasses ``mindspore.train.Callback``); ``import stepscope`` never does.
 """
 
 from __future__ import annotations
@@ -80,7 +74,7 @@ from .probes import (
 from .profile import ProfileCapture
 
 __all__ = [
-    "StepscopeCallback", "environment", "device_info", "model_fingerprint",
+    "StepscopeCallback", "LoopRecorder", "environment", "device_info", "model_fingerprint",
     "optimizer_lr", "loss_scale", "grad_norm", "batch_counts", "rank_and_world", "to_float",
     "peak_flops",
     "MEM_SOURCE",
@@ -98,7 +92,7 @@ def make_session(run_dir: str | os.PathLike[str], meta: dict[str, Any] | None, n
     and optimizer its PyNative phase marks hook), cross-rank view and, with
     ``sync_every`` > 0, ``mindspore.runtime.synchronize`` at the phase boundaries of every
     N-th step (MindSpore dispatches asynchronously, even on CPU). ``usage``: the
-    recorder's CPU-time source (see :mod:`.batched`)."""
+    recorder's CPU-time source (see :mod:`.deferred`)."""
     m = _base_meta(meta, net, optimizer)
     r, world = rank_and_world()
     r = r if rank is None else rank
@@ -236,7 +230,7 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
 
     def on_train_step_end(self, run_context: Any) -> None:
         # The hot path: the loss (its read waits for the step), the clock, the batch's
-        # counts, the scale; the row is made later, off it (_finish, see .batched).
+        # counts, the scale; the row is made later, off it (_finish, see .deferred).
         p = run_context.original_args()
         outputs = p.get("net_outputs")
         loss, what = self._loss(outputs)
@@ -327,7 +321,7 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
                                             "message": message})
 
     def flush(self) -> None:
-        """Record the steps still pending (see :mod:`.batched`)."""
+        """Record the steps still pending (see :mod:`.deferred`)."""
         if self._batch is not None:
             self._batch.drain()
 
