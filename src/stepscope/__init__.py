@@ -121,6 +121,8 @@ _MOVED = {
     "stepscope.launch": "stepscope.launcher.instrument",
     "stepscope.supervise": "stepscope.launcher.supervise",
     "stepscope.engine": "stepscope.proc.engine",
+    "stepscope.cli.demo_story": "stepscope.cli.demo",
+    "stepscope.cli.demo_train": "stepscope.cli.demo",
     "stepscope.analysis.findings": "stepscope.findings",
     "stepscope.analysis.environment": "stepscope.analysis.env_evidence",
     "stepscope.analysis.compare.scaling": "stepscope.analysis.compare.scaling_efficiency",
