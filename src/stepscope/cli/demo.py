@@ -1,8 +1,12 @@
 """`stepscope demo`: train a tiny GPT on the CPU, fully measured, and print the sheet.
 
-With ``--slow-data`` it walks through the field report's story: step breakdown -> suspect
-(data wait) -> isolation experiment (same model, data replaced by in-memory batches of
-identical shape) -> verdict -> advice.
+With ``--slow-data`` it walks through the field report's story (:func:`isolation_story`):
+step breakdown -> suspect (data wait) -> isolation experiment (same model, data replaced
+by in-memory batches of identical shape) -> verdict -> advice. The experiment is a real
+second training run in ``<RUN>-replay``; its result is recorded in the main run's
+events.jsonl so `stepscope diagnose` and `stepscope report` show it later. Both runs
+train through :func:`train_demo`, which picks the framework's demo model and shows the
+live progress line.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from ..analysis.advice import advise
 from ..analysis.isolation import ISOLATION_EVENT, data_isolation_verdict, isolation_finding
-from ..analysis.summary import run_mfu, summarize
+from ..analysis.mfu import run_mfu
+from ..analysis.summary import summarize
 from ..errors import ConfigError
 from ..report.fmt import fmt_num, fmt_pct
 from ..report.regimes_view import headline_note
@@ -30,6 +35,8 @@ from ..schema import RunMeta
 from . import cli
 from .common import emit_json
 from .sheet import LoadedRun, load_run, sheet_json, write_html
+
+__all__ = ["demo_cmd", "isolation_story", "Story", "train_demo"]
 
 # About a minute on a 2-core CPU at ~0.3 s per step (measured on the demo model).
 DEFAULT_STEPS = 150
@@ -112,7 +119,7 @@ def isolation_story(console: Console, loaded: LoadedRun, kept: list[Any], steps:
          f"[bold]3. Isolation experiment[/bold]: same model, seed and batch shape; data "
          f"replaced by {len(kept)} real batches held in memory → {replay_dir}")
     train_demo(framework, replay_dir, min(steps, _REPLAY_STEPS), seed, False, quiet, "replay",
-           batches=kept)
+               batches=kept)
     replay_table, _ = RunDir.open(replay_dir).read_steps()
     res = data_isolation_verdict(loaded.table, replay_table)
     loaded.run.append_event({"type": ISOLATION_EVENT, "kind": "data",
@@ -132,10 +139,10 @@ def isolation_story(console: Console, loaded: LoadedRun, kept: list[Any], steps:
     for i, a in enumerate(advice[:3]):
         head = lead if i == 0 else "   then"
         _say(console, f"{head}: {a.knob} — {a.change} (expected: "
-                                    f"{a.expected_effect})")
+                      f"{a.expected_effect})")
     if not advice:
         _say(console, "[bold]5. Advice[/bold]: the data pipeline is not the "
-                                    "bottleneck; look at the next phase of the breakdown")
+                      "bottleneck; look at the next phase of the breakdown")
     return Story(result={**res.to_dict(), "experiment_run": str(replay_dir),
                          "advice": [a.to_dict() for a in advice]})
 
