@@ -244,7 +244,8 @@ def test_import_stepscope_stays_light() -> None:
     does: no numpy, no analysis, no torch until a name is used."""
     mods = _imported("import stepscope")
     assert _heavy(mods, ("torch", "mindspore", "matplotlib", "numpy", "rich",
-                         "stepscope.analysis", "stepscope.traces", "stepscope.record.recorder")) == []
+                         "stepscope.analysis", "stepscope.traces",
+                         "stepscope.record.recorder")) == []
     assert stepscope.Recorder.__module__ == "stepscope.record.recorder"  # lazily, on first use
 
 
@@ -264,7 +265,8 @@ def test_trace_imports_only_what_it_uses(tmp_path: Path) -> None:
     assert _heavy(mods, ("matplotlib", "rich", "torch", "mindspore", "stepscope.report",
                          "stepscope.analysis.diagnose", "stepscope.analysis.health.check",
                          "stepscope.analysis.summary", "stepscope.analysis.compare",
-                         "stepscope.calc", "stepscope.record.recorder", "stepscope.rundir.index")) == []
+                         "stepscope.calc", "stepscope.record.recorder",
+                         "stepscope.rundir.index")) == []
     assert not [m for m in mods if m.startswith("stepscope.cli.") and m not in (
         "stepscope.cli.trace", "stepscope.cli.common")]
 
