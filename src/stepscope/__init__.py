@@ -113,6 +113,7 @@ def __dir__() -> list[str]:
 _MOVED = {
     "stepscope.store": "stepscope.rundir.store",
     "stepscope.index": "stepscope.rundir.index",
+    "stepscope.rundir.write": "stepscope.rundir.store",
     "stepscope.recorder": "stepscope.record.recorder",
     "stepscope.session": "stepscope.record.session",
     "stepscope.conditions": "stepscope.record.conditions",
@@ -129,10 +130,13 @@ _MOVED = {
     "stepscope.analysis.findings": "stepscope.findings",
     "stepscope.analysis.environment": "stepscope.analysis.env_evidence",
     "stepscope.analysis.compare.scaling": "stepscope.analysis.compare.scaling_efficiency",
+    "stepscope.analysis.segment": "stepscope.analysis.regimes",
+    "stepscope.analysis.flopsconv": "stepscope.analysis.mfu",
     "stepscope.integrations.torch.values": "stepscope.integrations.torch.readers",
     "stepscope.integrations.torch.meta": "stepscope.integrations.torch.fingerprint",
     "stepscope.integrations.torch.flopsrun": "stepscope.calc.flopsrun",
     "stepscope.integrations.mindspore.scaling": "stepscope.integrations.mindspore.loss_scale",
+    "stepscope.integrations.mindspore.loop": "stepscope.integrations.mindspore.callback",
 }
 
 

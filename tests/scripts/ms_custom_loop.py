@@ -26,7 +26,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import amp, nn
 
-from stepscope.integrations.mindspore.loop import LoopRecorder
+from stepscope.integrations.mindspore import LoopRecorder
 
 VOCAB, SEQ, D, BATCH = 64, 16, 32, 4
 STRAGGLER_SLEEP_S = 0.1

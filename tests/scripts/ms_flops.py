@@ -15,8 +15,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
+from stepscope.integrations.mindspore import LoopRecorder
 from stepscope.integrations.mindspore.flopcount import flops_fields, forward_flops
-from stepscope.integrations.mindspore.loop import LoopRecorder
 
 BATCH = 8
 

@@ -24,7 +24,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from stepscope.integrations.mindspore.loop import LoopRecorder
+from stepscope.integrations.mindspore import LoopRecorder
 
 BATCH, CH, HW, CLASSES = 8, 3, 16, 10
 

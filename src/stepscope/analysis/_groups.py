@@ -2,8 +2,9 @@
 and :func:`median_by`, the median of each group of an inverse index (the per-step medians
 over ranks of a table that is no rank x step grid).
 
-Moved out of ``summary.py`` and ``regimes.py`` unchanged (both were at the house's size
-limit).
+Its own module because four analyses group the same way: the sheet (``summary``), the
+regimes' per-step series (``regimes``) and the rank and system health rules
+(``health.ranks``, ``health.system``); each would otherwise import another for it.
 
 Example::
 

@@ -1,19 +1,30 @@
-"""The run's MFU and HFU from its recorded throughput and run.json's FLOPs and device peak.
+"""A run's MFU and HFU: its recorded throughput with run.json's FLOPs and device peak, under
+the FLOPs convention the run recorded or another one it also recorded.
+
+``stepscope run`` records, beside the convention it used, the FLOPs per token of every
+convention it could compute for the model (run.json ``environment.flops_by_convention``,
+see ``calc/flopsrun.py``). :func:`with_flops_convention` swaps the run's
+FLOPs fields for one of them (``report --flops-convention NAME``), so the MFU and HFU of
+:func:`run_mfu` follow the chosen convention and the sheet names it.
 
 Example::
 
-    mfu, hfu, note = run_mfu(sheet.tokens_per_s, run.read_meta(), ranks=2)
+    meta = with_flops_convention(RunDir("runs/a").read_meta(), "palm")
+    meta.environment["flops_convention"]     # "palm: 6*N + 12*L*H*Q*T (PaLM ...)"
+    mfu, hfu, note = run_mfu(sheet.tokens_per_s, meta, ranks=2)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from ..calc import flops
+from ..errors import ConfigError
 from ..schema import RunMeta
 
-__all__ = ["run_mfu"]
+__all__ = ["run_mfu", "with_flops_convention", "FLOPS_FIELDS"]
 
 
 def run_mfu(tokens_per_s: float | None, meta: RunMeta | None, ranks: int = 1,
@@ -61,3 +72,21 @@ def _positive(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) and x > 0 else None
+
+
+FLOPS_FIELDS = ("flops_per_token", "hardware_flops_per_token", "flops_per_sample",
+                "hardware_flops_per_sample", "flops_convention")
+
+
+def with_flops_convention(meta: RunMeta, name: str) -> RunMeta:
+    """``meta`` with the FLOPs fields of convention ``name`` (a new RunMeta; ``meta`` is
+    not changed). ConfigError when the run did not record that convention."""
+    table: dict[str, Any] = meta.environment.get("flops_by_convention") or {}
+    if name not in table:
+        have = ", ".join(sorted(table)) or "none (recorded before conventions were kept)"
+        raise ConfigError(f"{meta.run_id or 'this run'} has no FLOPs count under convention "
+                          f"{name!r} (it needs the model's layers, heads and hidden width, "
+                          f"read from model.config); recorded: {have}")
+    env = {k: v for k, v in meta.environment.items() if k not in FLOPS_FIELDS}
+    env.update({k: table[name][k] for k in FLOPS_FIELDS if k in table[name]})
+    return dataclasses.replace(meta, environment=env)

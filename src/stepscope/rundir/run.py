@@ -32,7 +32,7 @@ import orjson
 from ..analysis.compare.runs import Comparison, compare_runs, diff_fingerprints
 from ..analysis.compare.speed import kept_run_speeds, prepare_speed
 from ..analysis.diagnose import Diagnosis, diagnose, health_findings, records_lost
-from ..analysis.flopsconv import with_flops_convention
+from ..analysis.mfu import with_flops_convention
 from ..analysis.profile_split import wants_profile, with_profile_split
 from ..analysis.series import series_doc
 from ..analysis.summary import Conditions, Sheet, summarize

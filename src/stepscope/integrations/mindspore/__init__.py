@@ -5,6 +5,7 @@ Importing this package imports MindSpore (the callback subclasses ``mindspore.tr
 
 from .callback import (
     MEM_SOURCE,
+    LoopRecorder,
     StepscopeCallback,
     batch_counts,
     device_info,
@@ -17,7 +18,6 @@ from .callback import (
     rank_and_world,
     to_float,
 )
-from .loop import LoopRecorder
 
 __all__ = [
     "StepscopeCallback", "LoopRecorder", "environment", "device_info", "model_fingerprint",

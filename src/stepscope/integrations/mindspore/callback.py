@@ -1,4 +1,5 @@
-"""Thin MindSpore layer: reads framework state and hands plain numbers to the core.
+"""Thin MindSpore layer: reads framework state and hands plain numbers to the core. Two
+ways in, one session underneath (:func:`make_session`).
 
 ``Model.train``::
 
@@ -6,7 +7,17 @@
     cb = StepscopeCallback("runs/exp1", profile_steps=(5, 7), cross_rank_every=50)
     model.train(epochs, dataset, callbacks=[cb], dataset_sink_mode=False)
 
-Custom loops on ``mindspore.value_and_grad``: :class:`.loop.LoopRecorder`.
+Custom loops on ``mindspore.value_and_grad`` (:class:`LoopRecorder`)::
+
+    rec = LoopRecorder("runs/exp1", network=net, optimizer=opt, scaler=scaler)
+    for x, y in rec.wrap_loader(dataset.create_tuple_iterator()):
+        with rec.step(x) as s:
+            with s.phase("forward_backward"):       # value_and_grad fuses the two
+                (loss, grads) = train_fn(x, y)
+            with s.phase("optimizer"):
+                opt(grads)
+            rec.log(loss=loss, grads=grads)
+    rec.close()
 
 What is measured, per step: step time (step begin to step end plus the data wait before
 it), data wait (time between the previous step's end and this step's begin: the dataset
@@ -17,7 +28,7 @@ where the gradients are at hand), process peak RSS. ``Model.train`` runs forward
 and update as one compiled graph, so only the profiler can split them (``profile_steps``);
 ``value_and_grad`` fuses forward and backward, so custom loops record ``forward_backward_s``.
 The step hooks take only the clock, the loss, the batch's counts and the scale; the rows
-are made in batches off the step path (:mod:`.batched`), and the FLOPs are counted once
+are made in batches off the step path (:mod:`.deferred`), and the FLOPs are counted once
 after the first step (:mod:`.autoflops`). Cross-rank medians are exchanged through the
 run directory every N steps (see ``crossrank``). Importing this module imports MindSpore
 (the callback subclasses ``mindspore.train.Callback``); ``import stepscope`` never does.
@@ -25,8 +36,11 @@ run directory every N steps (see ``crossrank``). Importing this module imports M
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from time import perf_counter
 from typing import Any, TypeVar
 
@@ -48,6 +62,7 @@ from .probes import (
     device_info,
     environment,
     execution_mode,
+    function_modes,
     grad_norm,
     loss_scale,
     model_fingerprint,
@@ -59,7 +74,7 @@ from .probes import (
 from .profile import ProfileCapture
 
 __all__ = [
-    "StepscopeCallback", "environment", "device_info", "model_fingerprint",
+    "StepscopeCallback", "LoopRecorder", "environment", "device_info", "model_fingerprint",
     "optimizer_lr", "loss_scale", "grad_norm", "batch_counts", "rank_and_world", "to_float",
     "peak_flops",
     "MEM_SOURCE",
@@ -77,7 +92,7 @@ def make_session(run_dir: str | os.PathLike[str], meta: dict[str, Any] | None, n
     and optimizer its PyNative phase marks hook), cross-rank view and, with
     ``sync_every`` > 0, ``mindspore.runtime.synchronize`` at the phase boundaries of every
     N-th step (MindSpore dispatches asynchronously, even on CPU). ``usage``: the
-    recorder's CPU-time source (see :mod:`.batched`)."""
+    recorder's CPU-time source (see :mod:`.deferred`)."""
     m = _base_meta(meta, net, optimizer)
     r, world = rank_and_world()
     r = r if rank is None else rank
@@ -215,7 +230,7 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
 
     def on_train_step_end(self, run_context: Any) -> None:
         # The hot path: the loss (its read waits for the step), the clock, the batch's
-        # counts, the scale; the row is made later, off it (_finish, see .batched).
+        # counts, the scale; the row is made later, off it (_finish, see .deferred).
         p = run_context.original_args()
         outputs = p.get("net_outputs")
         loss, what = self._loss(outputs)
@@ -306,7 +321,7 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
                                             "message": message})
 
     def flush(self) -> None:
-        """Record the steps still pending (see :mod:`.batched`)."""
+        """Record the steps still pending (see :mod:`.deferred`)."""
         if self._batch is not None:
             self._batch.drain()
 
@@ -350,3 +365,103 @@ def _with_config(meta: dict[str, Any] | None, **config: Any) -> dict[str, Any]:
     m = {k: dict(v) if isinstance(v, dict) else v for k, v in (meta or {}).items()}
     m.setdefault("config", {}).update(config)
     return m
+
+
+class LoopRecorder:
+    """Recorder for custom loops built on ``mindspore.value_and_grad`` (see module doc).
+
+    Phases: ``forward_backward`` (value_and_grad runs both in one call), ``comm`` (e.g.
+    a ``DistributedGradReducer``), ``optimizer``; any other name becomes ``<name>_s``.
+    Every ``sync_every``-th step (default 10; 0: never) is synchronised at its phase
+    boundaries (``mindspore.runtime.synchronize``) and marked ``synced``: MindSpore
+    dispatches asynchronously, so an unsynced phase shows where the host waited.
+    ``compiled``: whether the step functions run under ``@jit``, for run.json's
+    ``baseline.execution_mode`` (``compare`` names a difference): True/False, or the step
+    functions themselves (``compiled=[train_step]``), each found compiled or not
+    (``config.function_modes``: ``{"train_step": "jit"}``); default: the context's mode.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, network: Any = None,
+                 optimizer: Any = None, scaler: Any = None, meta: dict[str, Any] | None = None,
+                 profile_steps: tuple[int, int] | None = None, cross_rank_every: int = 0,
+                 tokens_per_sample: float | None = None, rank: int | None = None,
+                 alerts: str | os.PathLike[str] | None = None, sync_every: int = 10,
+                 compiled: bool | Callable[..., Any] | Iterable[Callable[..., Any]] | None
+                 = None) -> None:
+        m = _with_config(meta, stepscope_integration="mindspore custom loop (LoopRecorder)",
+                         phase_note=("forward_backward_s: mindspore.value_and_grad runs "
+                                     "forward and backward in one call; the host cannot time "
+                                     "them apart (profile_steps splits them by op name)"),
+                         sync_every=sync_every)
+        if compiled is not None and not isinstance(compiled, bool):
+            functions = [compiled] if callable(compiled) else list(compiled)
+            modes = function_modes(functions)
+            m["config"]["function_modes"] = modes
+            compiled = "jit" in modes.values()
+        m.setdefault("baseline", {}).setdefault("execution_mode", execution_mode(compiled))
+        self.core = make_session(run_dir, m, network, optimizer, profile_steps,
+                                 cross_rank_every, "the custom loop", rank=rank, alerts=alerts,
+                                 sync_every=sync_every, cells=(network, optimizer))
+        self.optimizer, self.scaler = optimizer, scaler
+        self._lr = LrReader(optimizer)
+        self.tokens_per_sample = tokens_per_sample
+        self.scale = ScaleWatch()
+        self._loss: float | None = None
+        self._overflow: bool | None = None
+
+    @property
+    def recorder(self) -> Recorder:
+        return self.core.rec
+
+    def wrap_loader(self, loader: Iterable[T]) -> Iterator[T]:
+        return self.core.wrap_loader(loader)
+
+    @contextmanager
+    def step(self, batch: Any = None, tokens: float | None = None,
+             samples: float | None = None) -> Iterator[StepSession]:
+        """One step; the handle's ``phase(name)`` times a phase."""
+        t, s = batch_counts(batch, self.tokens_per_sample) if batch is not None \
+            else (math.nan, math.nan)
+        core = self.core
+        core.begin(wait_s=core.loader_wait_s)
+        core.count(t if tokens is None else tokens, s if samples is None else samples)
+        core.log(lr=self._lr(core.step))
+        self.scale.begin(None, self.scaler)  # the scale this step runs with
+        self._loss = self._overflow = None
+        try:
+            yield core
+        except BaseException:
+            core.end()  # keep the failed step's times; no loss check
+            raise
+        core.end(values=self.scale.end(self._overflow), loss=self._loss,
+                 missing_loss="held no loss (LoopRecorder.log(loss=...) was not called)")
+
+    def log(self, *, loss: Any = None, grads: Iterable[Any] | None = None,
+            overflow: Any = None, **values: float) -> None:
+        """Loss (tensor or float), gradients (their global norm is logged), overflow flag
+        (default: the gradients' norm is not finite, or the loss scale backed off)."""
+        if loss is not None:
+            self._loss = to_float(loss)
+        if grads is not None:
+            norm = grad_norm(grads)
+            self.core.log(grad_norm=norm)
+            if overflow is None and self._overflow is None:
+                self._overflow = not math.isfinite(norm)
+        if overflow is not None:
+            self._overflow = bool(to_float(overflow))
+        self.core.log(**{k: float(v) for k, v in values.items()})
+
+    def close(self, status: str = "finished", error: str | None = None) -> None:
+        self.core.close(status, error)
+
+    def __enter__(self) -> LoopRecorder:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: Any) -> None:
+        if et is None:
+            self.close()
+            return
+        error = f"{et.__name__}: {e}"
+        self.core.rec.run.append_event(crash_event(self.core, error))
+        self.close("failed", error)
