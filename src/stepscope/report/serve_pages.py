@@ -20,14 +20,13 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from ..rundir.derived import make_real_dirs, open_derived, real_dirs, replace_from_tmp
 from ..version import __version__
 
 __all__ = ["PageCache", "PAGES_DIR", "run_key"]
@@ -62,8 +61,11 @@ class PageCache:
         return self.dir / f"{hashlib.sha1(rel.encode()).hexdigest()[:20]}.{kind}.json"
 
     def get(self, rel: str, kind: str, key: list[Any]) -> dict[str, Any] | None:
+        if not real_dirs(self.dir, 1):  # a link there is never followed (rundir.derived)
+            return None
         try:
-            stored = orjson.loads(self._file(rel, kind).read_bytes())
+            with open_derived(self._file(rel, kind)) as f:
+                stored = orjson.loads(f.read())
         except (OSError, orjson.JSONDecodeError):
             return None
         if not isinstance(stored, dict) or stored.get("key") != key \
@@ -75,14 +77,11 @@ class PageCache:
     def put(self, rel: str, kind: str, key: list[Any], doc: dict[str, Any]) -> None:
         """Best effort: a root that cannot be written has no page cache."""
         path = self._file(rel, kind)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             data = orjson.dumps({"key": key, "path": rel, "doc": doc},
                                 option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
                                 default=str)
-            self.dir.mkdir(exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            make_real_dirs(self.dir, 1)
+            replace_from_tmp(path, lambda f: f.write(data))
         except (OSError, TypeError):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            pass
