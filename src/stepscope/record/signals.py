@@ -14,6 +14,17 @@ torchrun's SIGTERM into "ignored" and its shutdown waited for minutes. Here:
 
 Nothing is installed over a handler the script set (or SIG_IGN), outside the main
 thread, or when another user of the wakeup fd exists (asyncio): then the default stays.
+The finaliser never changes how the job ends otherwise:
+
+* a handler the script installs later (a preemption checkpoint set after its first step)
+  replaces ours and is honoured: the watcher acts only while our handler is the one
+  installed, so the script's handler runs and the records close however the script then
+  ends (``atexit``: after its handler);
+* a forked child (a DataLoader or dataset worker, an ``os.fork`` helper) does not inherit
+  it: the wakeup fd is written by whichever process receives the signal, so a child's
+  SIGTERM (a worker ended at shutdown) used to wake the parent's watcher and kill the
+  trainer. After ``os.fork`` the child gets SIGTERM's default action and no wakeup fd
+  (``os.register_at_fork``; a fork made in C without Python's hooks is not covered).
 
 Example::
 
@@ -71,7 +82,7 @@ def _die_of_sigterm_from_thread() -> None:
         os._exit(128 + signal.SIGTERM)  # same status a shell reports for the signal
 
 
-def _watch(fd: int, fin: _Finaliser) -> None:
+def _watch(fd: int, fin: _Finaliser, ours: Callable[..., None]) -> None:
     while True:
         try:
             data = os.read(fd, 64)
@@ -79,10 +90,32 @@ def _watch(fd: int, fin: _Finaliser) -> None:
             return
         if not data:
             return
-        if signal.SIGTERM in data:  # one byte per signal number delivered
+        # One byte per signal number delivered. Acted on only while our handler is the
+        # installed one: a handler the script set since then decides (see the docstring).
+        if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is ours:
             fin.finish()
             _die_of_sigterm_from_thread()
             return
+
+
+def _forget_in_child(r: int, w: int, ours: Callable[..., None]) -> Callable[[], None]:
+    """The ``after_in_child`` hook of ``os.register_at_fork``: a forked child keeps
+    neither the wakeup fd (the parent's pipe) nor the handler (the parent's records)."""
+    def forget() -> None:
+        try:
+            old = signal.set_wakeup_fd(-1)
+            if old not in (w, -1):
+                signal.set_wakeup_fd(old)  # a fd the child set up itself since: kept
+            if signal.getsignal(signal.SIGTERM) is ours:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError):  # forked from a thread of a non-main interpreter
+            pass
+        for fd in (r, w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    return forget
 
 
 def install_sigterm_finaliser(close: Callable[[], None]) -> bool:
@@ -113,6 +146,7 @@ def install_sigterm_finaliser(close: Callable[[], None]) -> bool:
         os.close(r)
         os.close(w)
         return False
-    threading.Thread(target=_watch, args=(r, fin), daemon=True,
+    os.register_at_fork(after_in_child=_forget_in_child(r, w, handler))
+    threading.Thread(target=_watch, args=(r, fin, handler), daemon=True,
                      name="stepscope-sigterm").start()
     return True
