@@ -48,7 +48,8 @@ from .common import emit_json
               help="Alert file (TOML): live rules, stall watchdog and chat webhooks in every "
                    "rank (default: $STEPSCOPE_ALERTS).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
-              help="Serve Prometheus /metrics per rank on PORT + local rank.")
+              help="Serve Prometheus /metrics per rank on 127.0.0.1:PORT + local rank "
+                   "(printed on stderr; STEPSCOPE_METRICS_ADDR=0.0.0.0 serves other hosts).")
 @click.option("--flops-convention", default=None, metavar="NAME",
               help="FLOPs convention of the run's MFU: matmul (default: 6 x matmul "
                    "parameters, embedding lookups left out), palm, torchtitan, 6n, megatron, "
