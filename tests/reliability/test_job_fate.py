@@ -59,6 +59,18 @@ def test_a_sigterm_to_a_forked_child_never_reaches_the_trainer(tmp_path: Path, m
     _finished(out, steps)
 
 
+def test_mindspore_training_survives_a_sigterm_to_a_forked_helper(tmp_path: Path) -> None:
+    pytest.importorskip("mindspore")
+    out = tmp_path / "run"
+    live = Live([STEPSCOPE, "run", "--out", str(out), "--no-html", "--",
+                 *script("ms_fate.py")])
+    rc = live.wait(timeout=240)
+    assert rc == 0, live.stdout + live.stderr
+    assert "HELPER ENDED" in live.stdout and "TRAINED 12" in live.stdout
+    meta = orjson.loads((out / "run.json").read_bytes())
+    assert meta["status"] == "finished", meta
+
+
 def test_a_sigterm_handler_set_after_the_first_step_is_honoured(tmp_path: Path) -> None:
     out, ckpt = tmp_path / "run", tmp_path / "ckpt.bin"
     live = _start(out, "--mode", "late-handler", "--steps", "100000",
