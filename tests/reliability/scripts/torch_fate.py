@@ -91,8 +91,8 @@ elif args.mode == "fork":
     step(torch.randn(4, 8))
     done += 1
     os.kill(pid, signal.SIGTERM)
-    os.waitpid(pid, 0)
-    print("HELPER ENDED", flush=True)
+    _, status = os.waitpid(pid, 0)
+    print(f"HELPER ENDED {-os.WTERMSIG(status)}", flush=True)
 elif args.mode == "mp-process":
     proc = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
     proc.start()
@@ -100,7 +100,7 @@ elif args.mode == "mp-process":
     done += 1
     proc.terminate()
     proc.join()
-    print("HELPER ENDED", flush=True)
+    print(f"HELPER ENDED {proc.exitcode}", flush=True)  # -15: it died of the SIGTERM
 elif args.mode == "detach":
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                               start_new_session=True)
