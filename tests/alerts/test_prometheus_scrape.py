@@ -146,3 +146,38 @@ def test_recorder_metrics_port_serves_its_steps(tmp_path: Path,
         rec.close()
     assert 'stepscope_steps_total{rank="0",run="exp9"} 3.0' in text
     assert 'stepscope_loss{rank="0",run="exp9"} 1.5' in text
+
+
+def _listening(port: int) -> set[str]:
+    """Local addresses (hex, as /proc/net/tcp writes them) listening on ``port``."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            addr, _, p = local.partition(":")
+            if state == "0A" and int(p, 16) == port:  # 0A: LISTEN
+                out.add(addr)
+    return out
+
+
+def test_metrics_port_listens_on_loopback_by_default_and_says_where(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Before: --metrics-port served every interface (0.0.0.0) without a word."""
+    import stepscope
+
+    monkeypatch.delenv("STEPSCOPE_METRICS_ADDR", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    port = _free_port()
+    rec = stepscope.Recorder(tmp_path / "run", meta={"name": "exp9"}, metrics_port=port)
+    try:
+        assert _listening(port) == {"0100007F"}  # 127.0.0.1 only
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        rec.close()
+    assert f"at http://127.0.0.1:{port}/metrics" in capfd.readouterr().err

@@ -92,10 +92,13 @@ def test_corrupt_run_json_message_names_no_missing_flag(tmp_path: Path) -> None:
     assert all(f in flags for f in ("--html", "--json", "--no-html"))
 
 
-@pytest.fixture
-def read_only_run(tmp_path: Path) -> Iterator[Path]:
-    """A run directory this process cannot write: a read-only bind mount as root."""
+@pytest.fixture(params=["run", "/../../../victim"])
+def read_only_run(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A run directory this process cannot write: a read-only bind mount as root. Its
+    run_id is plain, or a path that once chose where the fallback report was written."""
     run = _make_run(tmp_path / "run")
+    meta = orjson.loads((run / "run.json").read_bytes())
+    (run / "run.json").write_bytes(orjson.dumps({**meta, "run_id": request.param}))
     if os.geteuid() != 0:
         run.chmod(0o555)
         yield run
@@ -122,8 +125,11 @@ def test_report_on_read_only_run_prints_sheet_and_says_where_html_went(
     no_traceback(proc)
     assert proc.returncode == 0, proc.stderr
     assert "health-check sheet" in proc.stdout
-    spare = tmp_path / "stepscope-report-run.html"
+    spares = list(tmp_path.glob("stepscope-report-*/report.html"))
+    assert len(spares) == 1, list(tmp_path.iterdir())
+    spare = spares[0]
     assert spare.is_file() and f"wrote it to {spare} instead" in _text(proc)
+    assert spare.parent.stat().st_mode & 0o777 == 0o700  # the report is nobody else's
     assert embedded(spare)["run"]["path"] == read_only_run.name  # the whole report, not a stub
     assert not (read_only_run / "report.html").exists()
 

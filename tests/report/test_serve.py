@@ -24,6 +24,7 @@ from stepscope import RunDir
 from stepscope.analysis.series import step_series
 from stepscope.report.serve import make_server
 from stepscope.report.serve_data import Dashboard, NotFound
+from support.serving import at, origin
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -64,21 +65,21 @@ def _get(url: str) -> tuple[int, Any]:
 
 
 def test_run_list_filters_and_names_the_invalid_run(server: str) -> None:
-    status, doc = _get(server + "api/runs")
+    status, doc = _get(at(server, "api/runs"))
     assert status == 200
     assert sorted(r["path"] for r in doc["runs"]) == ["run-ddp-two-ranks", "run-torn-last-line"]
     assert [s["path"] for s in doc["skipped"]] == ["broken"]
-    _, doc = _get(server + "api/runs?where=num_devices%3E%3D2")
+    _, doc = _get(at(server, "api/runs?where=num_devices%3E%3D2"))
     assert [r["path"] for r in doc["runs"]] == ["run-ddp-two-ranks"]
-    _, doc = _get(server + "api/runs?q=torn")
+    _, doc = _get(at(server, "api/runs?q=torn"))
     assert [r["path"] for r in doc["runs"]] == ["run-torn-last-line"]
-    status, doc = _get(server + "api/runs?where=no_such_column%3D1")
+    status, doc = _get(at(server, "api/runs?where=no_such_column%3D1"))
     assert status == 400 and doc["error"]
 
 
 def test_series_equal_the_records_and_nothing_outside_root_is_served(server: str,
                                                                      root: Path) -> None:
-    status, doc = _get(server + "api/series?path=run-ddp-two-ranks")
+    status, doc = _get(at(server, "api/series?path=run-ddp-two-ranks"))
     assert status == 200
     table, _ = RunDir.open(root / "run-ddp-two-ranks").read_steps()
     for tag, (steps, vals) in step_series(table).items():
@@ -95,15 +96,15 @@ def test_series_equal_the_records_and_nothing_outside_root_is_served(server: str
              (root / "run-ddp-two-ranks/steps/rank-00000.jsonl").read_text().splitlines()]
     assert doc["series"]["result/loss"]["hi"] == [r["loss"] for r in rows0]
     for bad in ("..", "../..", "/etc", "broken", "run-ddp-two-ranks/steps"):
-        status, _ = _get(server + f"api/run?path={bad}")
+        status, _ = _get(at(server, f"api/run?path={bad}"))
         assert status == 404, bad
 
 
 def test_run_and_compare_documents(server: str) -> None:
-    status, doc = _get(server + "api/run?path=run-torn-last-line")
+    status, doc = _get(at(server, "api/run?path=run-torn-last-line"))
     assert status == 200 and doc["sheet"]["steps"] == 7
     assert any("torn" in p for p in doc["read_problems"])
-    status, doc = _get(server + "api/compare?a=run-torn-last-line&b=run-ddp-two-ranks")
+    status, doc = _get(at(server, "api/compare?a=run-torn-last-line&b=run-ddp-two-ranks"))
     assert status == 200 and doc["verdict"] == "invalid"  # seq_len, devices, batch differ
 
 
@@ -157,7 +158,7 @@ def test_dashboard_in_chromium_lists_runs_draws_charts_and_compares(server: str)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors, outside = _watch(page, server)
+        errors, outside = _watch(page, origin(server))
         page.goto(server)
         page.wait_for_selector("#runs tr td")
         assert page.locator("#runs tr").count() == 3  # header + 2 runs
@@ -211,7 +212,7 @@ def test_a_live_run_redraws_as_it_writes(server: str, root: Path) -> None:
             "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run"])
         page = browser.new_page()
-        _, outside = _watch(page, server)
+        _, outside = _watch(page, origin(server))
         page.goto(server + "#/run/run-torn-last-line")
         page.wait_for_selector(".uplot")
         assert page.is_visible("#live")
@@ -227,21 +228,21 @@ def test_a_live_run_redraws_as_it_writes(server: str, root: Path) -> None:
 
 
 def test_a_zoomed_window_is_served_at_full_resolution(server: str) -> None:
-    _, whole = _get(server + "api/series?path=run-ddp-two-ranks")
-    status, part = _get(server + "api/series?path=run-ddp-two-ranks&steps=2:4")
+    _, whole = _get(at(server, "api/series?path=run-ddp-two-ranks"))
+    status, part = _get(at(server, "api/series?path=run-ddp-two-ranks&steps=2:4"))
     assert status == 200 and part["window"] == [2, 4]
     assert part["series"]["result/loss"]["steps"] == [2, 3, 4]
     assert part["series"]["result/loss"]["hi"] == whole["series"]["result/loss"]["hi"][2:5]
-    status, doc = _get(server + "api/series?path=run-ddp-two-ranks&steps=oops")
+    status, doc = _get(at(server, "api/series?path=run-ddp-two-ranks&steps=oops"))
     assert status == 400 and "FIRST:LAST" in doc["error"]
-    status, tail = _get(server + "api/series?path=run-ddp-two-ranks&steps=3:")
+    status, tail = _get(at(server, "api/series?path=run-ddp-two-ranks&steps=3:"))
     assert status == 200 and tail["series"]["result/loss"]["steps"] == [3, 4, 5]
 
 
 def test_every_answer_forbids_outside_loads(server: str) -> None:
     for path in ("", "assets/dashboard.js", "api/runs", "api/nope"):
         try:
-            with urllib.request.urlopen(server + path, timeout=30) as r:
+            with urllib.request.urlopen(at(server, path), timeout=30) as r:
                 headers = r.headers
         except urllib.error.HTTPError as e:
             headers = e.headers
@@ -262,6 +263,53 @@ def test_a_non_loopback_host_needs_the_printed_token(root: Path) -> None:
                                      headers={"Cookie": f"stepscope_token={srv.token}"})
         with urllib.request.urlopen(req, timeout=30) as r:
             assert r.status == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _status(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def test_on_loopback_every_request_needs_the_printed_token(server: str) -> None:
+    """Any local user can reach 127.0.0.1: without the token of the printed URL (or its
+    cookie, set by the page the URL opens) the runs are not served."""
+    base = origin(server)
+    assert "?token=" in server
+    for path in ("", "api/runs", "api/run?path=run-ddp-two-ranks", "assets/dashboard.js"):
+        assert _status(base + path, {}) == 403, path
+        assert _status(at(base + "?token=wrong", path), {}) == 403, path
+    with urllib.request.urlopen(server, timeout=30) as r:  # the printed URL: page + cookie
+        cookie = r.headers["Set-Cookie"].split(";")[0]
+    assert _status(base + "api/runs", {"Cookie": cookie}) == 200
+
+
+def test_a_foreign_host_header_is_refused(server: str) -> None:
+    """DNS rebinding: a page at evil.example whose name now points at 127.0.0.1 sends its
+    own name as Host; only loopback names are answered (421), token or not."""
+    url = at(server, "api/runs")
+    port = urllib.parse.urlsplit(server).port
+    for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
+        assert _status(url, {"Host": host}) == 421, host
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+        assert _status(url, {"Host": host}) == 200, host
+
+
+def test_a_host_given_with_host_is_answered_and_others_are_not(root: Path) -> None:
+    srv = make_server(str(root), host="127.0.0.2", port=0, refresh_s=0.0,
+                      index_wait_s=WAIT_S)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = at(srv.url, "api/runs")
+        assert url.startswith("http://127.0.0.2:")
+        assert _status(url, {}) == 200
+        assert _status(url, {"Host": "evil.example"}) == 421
     finally:
         srv.shutdown()
         srv.server_close()
@@ -297,7 +345,7 @@ def test_script_in_run_supplied_strings_stays_inert(root: Path) -> None:
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=_ARGS)
             page = browser.new_page()
-            errors, outside = _watch(page, srv.url)
+            errors, outside = _watch(page, origin(srv.url))
             page.goto(srv.url)
             page.wait_for_selector("#runs tr td")
             assert "<script>window.__xss=2</script>" in page.inner_text("#runs")

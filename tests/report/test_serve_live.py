@@ -18,6 +18,7 @@ import pytest
 
 from stepscope.record.recorder import Recorder
 from support.browser import ARGS, ARTIFACTS, CHROMIUM, sync_api, wait
+from support.serving import origin
 
 STEPSCOPE = str(Path(sys.executable).parent / "stepscope")
 STEP_S = 0.05  # the writer's pace: 20 steps per second
@@ -102,7 +103,8 @@ def test_a_zoomed_live_chart_keeps_its_window_and_keeps_receiving_data(
         errors: list[str] = []
         outside: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("request", lambda r: None if r.url.startswith(serve) else outside.append(r.url))
+        base = origin(serve)
+        page.on("request", lambda r: None if r.url.startswith(base) else outside.append(r.url))
         page.goto(serve + "#/run/live")
         wait(page, "charts.length > 0 && !document.querySelector('#live').hidden", 60)
         titles = page.eval_on_selector_all(".chart .title", "e => e.map(x => x.textContent)")

@@ -35,6 +35,7 @@ from stepscope.rundir.run import Run
 from stepscope.rundir.steps_sample import sample_step_files
 from stepscope.rundir.store import RunDir
 from support.browser import ARGS, ARTIFACTS, CHROMIUM, sync_api, wait
+from support.serving import at
 
 STEPS, RANKS = 6000, 3  # ~2.3 MB of step files
 SPIKE_STEP, SPIKE_S = 4321, 9.5  # one slow step on rank 0: the full view must keep it
@@ -102,7 +103,7 @@ def reference(roots: tuple[Path, Path]) -> Iterator[DashboardServer]:
 
 
 def _get(server: DashboardServer, query: str) -> bytes:
-    with urllib.request.urlopen(server.url + query, timeout=WAIT_S) as r:
+    with urllib.request.urlopen(at(server.url, query), timeout=WAIT_S) as r:
         body: bytes = r.read()
     return body
 

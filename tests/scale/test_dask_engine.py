@@ -161,3 +161,39 @@ def test_trace_on_workers_gathers_rank_results_not_tables(tmp_path: Path, schedu
         assert sorted(local["ranks"]) == ["0", "1", "2"]
     if case == "corrupt file":
         assert any("t9.pt.trace.json" in w for w in local["warnings"])
+
+
+# Another local user's attempt: no credentials, or a certificate of its own making.
+_INTRUDER = """
+import sys
+from distributed import Client
+from distributed.security import Security
+addr, how = sys.argv[1], sys.argv[2]
+kw = {"security": Security.temporary()} if how == "own-cert" else {}
+try:
+    with Client(addr, timeout=5, **kw) as c:
+        print("RAN", c.submit(sum, [1, 2]).result(timeout=10))
+except Exception as exc:
+    print("REFUSED", type(exc).__name__)
+"""
+
+
+def test_the_local_cluster_refuses_a_client_without_its_key() -> None:
+    """`index --engine dask` without --scheduler: its own cluster, on loopback, with mutual
+    TLS under a key made for the run; before, any local user could connect and run code."""
+    import subprocess
+    import sys
+    from contextlib import ExitStack
+
+    from stepscope.proc.engine import dask_client
+
+    with ExitStack() as stack:
+        client = dask_client(stack, None, 1)
+        addr = client.scheduler.address
+        assert client.submit(_square, 3).result(timeout=60) == 9  # its owner still can
+        for target, how in [(addr, "plain"), (addr.replace("tls://", "tcp://"), "plain"),
+                            (addr, "own-cert")]:
+            out = subprocess.run([sys.executable, "-c", _INTRUDER, target, how],
+                                 capture_output=True, text=True, timeout=60)
+            assert "RAN" not in out.stdout and "REFUSED" in out.stdout, (target, how, out)
+        assert addr.startswith("tls://127.0.0.1:"), addr

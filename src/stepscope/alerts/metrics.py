@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,9 +31,11 @@ from .rules import record_value
 
 __all__ = ["MetricsExporter", "ADDR_ENV", "flops_from_meta"]
 
-# Bind address: all interfaces by default, as Prometheus exporters do (the scraper runs on
-# another host); STEPSCOPE_METRICS_ADDR=127.0.0.1 keeps it local.
+# Bind address: 127.0.0.1 by default (the numbers, run name included, are nobody else's
+# business: a scraper on another host is asked for with STEPSCOPE_METRICS_ADDR=0.0.0.0).
+# Where it listens is printed on stderr either way.
 ADDR_ENV = "STEPSCOPE_METRICS_ADDR"
+DEFAULT_ADDR = "127.0.0.1"
 _GAUGES = {
     "step_time_seconds": "Host wall time of the last step, seconds",
     "tokens_per_second": "Tokens per second of this rank over the last step",
@@ -71,13 +74,18 @@ class MetricsExporter:
         self._flops: tuple[float, float] | None = None
         self._flops_checked = -math.inf
         self.port = port + local_rank
-        addr = os.environ.get(ADDR_ENV, "0.0.0.0")
+        addr = os.environ.get(ADDR_ENV) or DEFAULT_ADDR
         try:
             self._server, self._thread = prom.start_http_server(self.port, addr=addr,
                                                                 registry=self.registry)
         except OSError as exc:
             raise ConfigError(f"metrics port {self.port} on {addr}: {exc.strerror or exc}; "
                               "choose another --metrics-port") from None
+        shown = f"[{addr}]" if ":" in addr else addr
+        sys.stderr.write(f"stepscope: Prometheus metrics of rank {local_rank} at "
+                         f"http://{shown}:{self.port}/metrics"
+                         + (f" ({ADDR_ENV}=0.0.0.0 to serve other hosts)\n"
+                            if addr == DEFAULT_ADDR else "\n"))
 
     def _set(self, name: str, value: float | None) -> None:
         if value is not None and math.isfinite(value):

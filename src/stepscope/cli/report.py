@@ -18,8 +18,10 @@ __all__ = ["emit_json"]
 
 
 def _html_somewhere(run: Run, out: Path | None) -> tuple[Path | None, str | None]:
-    """(where the HTML went, a note). RUN/report.html, or beside the temp files when RUN
-    is read-only; an explicit ``--html`` that fails is an error (raised by write_html)."""
+    """(where the HTML went, a note). RUN/report.html, or, when RUN is read-only, a new
+    private (0700) folder among the temp files: its path never comes from the run's data
+    (a run_id of "/../x" once chose the file written); an explicit ``--html`` that fails is
+    an error (raised by write_html)."""
     from ..report.offline import write_html
 
     if out is not None:
@@ -27,7 +29,10 @@ def _html_somewhere(run: Run, out: Path | None) -> tuple[Path | None, str | None
     try:
         return write_html(run), None
     except StepscopeError as exc:
-        spare = Path(tempfile.gettempdir()) / f"stepscope-report-{run.meta.run_id}.html"
+        try:
+            spare = Path(tempfile.mkdtemp(prefix="stepscope-report-")) / "report.html"
+        except OSError as exc2:
+            return None, f"{exc}; {exc2}; no HTML report written (pass --html FILE)"
         try:
             return write_html(run, spare), f"{exc}; wrote it to {spare} instead"
         except StepscopeError as exc2:

@@ -48,7 +48,8 @@ from .common import emit_json
               help="Alert file (TOML): live rules, stall watchdog and chat webhooks in every "
                    "rank (default: $STEPSCOPE_ALERTS).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
-              help="Serve Prometheus /metrics per rank on PORT + local rank.")
+              help="Serve Prometheus /metrics per rank on 127.0.0.1:PORT + local rank "
+                   "(printed on stderr; STEPSCOPE_METRICS_ADDR=0.0.0.0 serves other hosts).")
 @click.option("--flops-convention", default=None, metavar="NAME",
               help="FLOPs convention of the run's MFU: matmul (default: 6 x matmul "
                    "parameters, embedding lookups left out), palm, torchtitan, 6n, megatron, "
@@ -85,7 +86,12 @@ def run_cmd(out: str | None, name: str, profile_steps: str | None, max_steps: in
     Works with `-- python train.py ...`, `-- torchrun ... train.py ...` and, for MindSpore
     scripts, `-- msrun ... train.py ...`; the script is not modified. COMMAND runs in its
     own process group; SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to
-    stepscope are forwarded to it. Exits with the command's exit status (128 + N when
+    stepscope are forwarded to it, except a signal ignored when stepscope started (`nohup
+    stepscope run`: SIGHUP stays ignored). The script's own SIGTERM handler, set at any
+    time, is honoured, and a SIGTERM to a process it forked (a DataLoader worker) never
+    reaches it. When it ends, what it left of its process group is ended; processes it
+    detached into a session of their own (start_new_session=True, setsid) are left alone
+    when it exited by itself. Exits with the command's exit status (128 + N when
     signal N ended it), or 3 when it succeeded but a MindSpore script had no step
     stepscope could attach to (the message says what it looked for). Then RUN/report.html
     is written, bounded in time; it never changes the exit status.

@@ -29,7 +29,8 @@ from pathlib import Path
 from types import FrameType
 
 from ..report.fmt import fmt_bytes
-from ..rundir.store import RunDir
+from ..rundir.derived import derived_dir
+from ..rundir.store import CACHE_DIR, RunDir
 
 __all__ = ["write_after_run", "HTML_TIMEOUT_S", "HTML_MAX_BYTES"]
 
@@ -81,9 +82,10 @@ def _alive(pid: int) -> bool:
 def _remove_leftovers(run: RunDir) -> None:
     """Temporary files of writers that no longer exist (the killed child and its pool's
     workers); a live writer's (another `stepscope report` of the run) are left alone."""
-    places = [run.path, run.cache_dir]
-    with contextlib.suppress(OSError):
-        places += [p for p in run.cache_dir.rglob("*") if p.is_dir()]
+    places = [run.path]
+    if derived_dir(run.path, CACHE_DIR) is not None:  # a link there is never followed
+        for top, _dirs, _files in os.walk(run.cache_dir):  # os.walk does not follow links
+            places.append(Path(top))
     for d in places:
         with contextlib.suppress(OSError):
             for p in d.iterdir():

@@ -12,8 +12,8 @@ __all__ = ["serve_cmd"]
 @cli.command("serve")
 @click.argument("root", type=click.Path(file_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Any other than a loopback address gets a token, "
-                   "generated and printed in the URL, that every request must carry.")
+              help="Address to listen on. Requests must carry the token printed in the "
+                   "URL, and name localhost or this address in their Host header.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
               help="Port (0 = any free port).")
 def serve_cmd(root: str, host: str, port: int) -> None:

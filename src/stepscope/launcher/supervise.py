@@ -8,12 +8,17 @@ forwarded to the child's whole group, so ``torchrun`` and its workers see each s
 * SIGINT, SIGTERM, SIGHUP, SIGQUIT end the job: after forwarding, the child gets
   ``grace_s`` seconds (default :data:`DEFAULT_GRACE_S`) to checkpoint and exit before its
   group is SIGKILLed;
-* SIGUSR1, SIGUSR2 are forwarded only (SLURM's ``--signal=USR1@60`` checkpoint notice).
+* SIGUSR1, SIGUSR2 are forwarded only (SLURM's ``--signal=USR1@60`` checkpoint notice);
+* a signal ignored when stepscope started (``nohup stepscope run``: SIGHUP) stays ignored,
+  by stepscope and by the child, and is not forwarded.
 
 When the child exits, what is left of it gets SIGTERM and, after :data:`LEFTOVER_GRACE_S`,
 SIGKILL, so nothing is orphaned: members of its process group, and every descendant seen
 while it ran (``torchrun`` starts each worker in a session of its own, so a killed
-``torchrun`` would otherwise leave its workers training).
+``torchrun`` would otherwise leave its workers training). Except: when the child exited
+by itself (an exit status, not a signal, and no stop signal was forwarded), descendants
+in a session of their own (``start_new_session=True``, ``setsid``: an upload the script
+detached on purpose) are left alone; only its process group's members are ended.
 The return value is the child's status as :class:`subprocess.Popen` reports it (negative:
 killed by that signal), never stepscope's own.
 
@@ -59,6 +64,7 @@ class _Forwarder:
         self.pgid = 0  # set once the child exists; signals before that wait in _pending
         self.grace_s = grace_s
         self.deadline: float | None = None
+        self.stopped = False  # a terminating signal was passed on
         self._pending: list[int] = []
         self._previous: dict[int, Handler] = {}
 
@@ -72,6 +78,8 @@ class _Forwarder:
         if threading.current_thread() is not threading.main_thread():
             return  # signal.signal works only there; the caller keeps its own handling
         for sig in FORWARDED:
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # nohup's SIGHUP: ignored here, and by the child (exec keeps it)
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:
@@ -84,8 +92,10 @@ class _Forwarder:
             self._pending.append(signum)
             return
         _killpg(self.pgid, signum)
-        if signum in TERMINATING and self.deadline is None:
-            self.deadline = time.monotonic() + self.grace_s
+        if signum in TERMINATING:
+            self.stopped = True
+            if self.deadline is None:
+                self.deadline = time.monotonic() + self.grace_s
 
 
 def _killpg(pgid: int, sig: int) -> bool:
@@ -184,6 +194,18 @@ def _wait(proc: subprocess.Popen[bytes], fwd: _Forwarder, watch: _Watch) -> int:
             fwd.deadline = None
 
 
+def _detached(procs: set[Proc], session: int) -> set[Proc]:
+    """Those of ``procs`` in a session other than ``session`` (the child's)."""
+    out = set()
+    for p in procs:
+        try:
+            if os.getsid(p[0]) != session:
+                out.add(p)
+        except OSError:
+            pass  # gone
+    return out
+
+
 def _end_leftovers(pgid: int, seen: set[Proc]) -> None:
     """SIGTERM, then SIGKILL, whatever of the child outlived it (see the module docstring)."""
     left = _alive(seen)
@@ -224,5 +246,8 @@ def run_child(command: list[str], env: dict[str, str],
         raise
     finally:
         fwd.restore()
-    _end_leftovers(proc.pid, watch.seen)
+    seen = watch.seen
+    if rc >= 0 and not fwd.stopped:  # it ended by itself: what it detached is its own
+        seen -= _detached(seen, proc.pid)
+    _end_leftovers(proc.pid, seen)
     return rc

@@ -7,6 +7,12 @@ function to a ``distributed`` scheduler -- a new ``LocalCluster`` of worker proc
 the cluster at ``scheduler`` (``tcp://host:8786``), whose workers must see the same paths
 (a shared filesystem). Dask is an install extra: ``pip install "stepscope[dask]"``.
 
+The local cluster runs code sent to it as the user who started it, so it listens on
+127.0.0.1 only and with mutual TLS under a key and certificate made for this run
+(``distributed.security.Security.temporary()``, held in memory): a client without them
+(another local user) cannot connect. Where that cannot be set up (no ``cryptography``),
+``--engine dask`` without ``--scheduler`` is refused rather than started open.
+
 Example::
 
     tables = map_items(kineto.read, files, engine="dask", scheduler="tcp://10.0.0.5:8786")
@@ -60,12 +66,25 @@ def _client(stack: ExitStack, scheduler: str | None, processes: int | None) -> A
             return stack.enter_context(dist.Client(scheduler, timeout=CONNECT_TIMEOUT_S))
         cluster = stack.enter_context(dist.LocalCluster(
             n_workers=processes or min(4, os.cpu_count() or 1), threads_per_worker=1,
-            processes=True, dashboard_address=None))
+            processes=True, dashboard_address=None, host="127.0.0.1",
+            protocol="tls://", security=_run_security()))
         return stack.enter_context(dist.Client(cluster, timeout=CONNECT_TIMEOUT_S))
     except (OSError, TimeoutError) as exc:
         where = scheduler or "a local cluster"
         raise ConfigError(f"cannot reach the Dask scheduler at {where}: {exc}; start one "
                           "with `dask scheduler` or drop --scheduler") from None
+
+
+def _run_security() -> Any:
+    """Mutual TLS for a local cluster, with a key and certificate made for this run."""
+    try:
+        security: Any = importlib.import_module("distributed.security").Security
+        return security.temporary()
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError("--engine dask without --scheduler starts a local cluster only "
+                          f"with TLS authentication, which is unavailable here ({exc}): "
+                          'pip install cryptography "distributed>=2.0", or pass '
+                          "--scheduler") from None
 
 
 def map_items(fn: Callable[[T], R], items: Sequence[T], *, engine: str = "local",

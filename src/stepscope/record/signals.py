@@ -14,6 +14,18 @@ torchrun's SIGTERM into "ignored" and its shutdown waited for minutes. Here:
 
 Nothing is installed over a handler the script set (or SIG_IGN), outside the main
 thread, or when another user of the wakeup fd exists (asyncio): then the default stays.
+The finaliser never changes how the job ends otherwise:
+
+* a handler the script installs later (a preemption checkpoint set after its first step)
+  replaces ours and is honoured: the watcher acts only while our handler is the one
+  installed, so the script's handler runs and the records close however the script then
+  ends (``atexit``: after its handler);
+* a forked child (a DataLoader or dataset worker, an ``os.fork`` helper) does not inherit
+  it: the wakeup fd is written by whichever process receives the signal, so a child's
+  SIGTERM (a worker ended at shutdown) used to wake the parent's watcher and kill the
+  trainer. After ``os.fork`` the child gets SIGTERM's default action and no wakeup fd
+  (``os.register_at_fork``, with SIGTERM blocked around the fork; a fork made in C
+  without Python's hooks is not covered).
 
 Example::
 
@@ -71,7 +83,7 @@ def _die_of_sigterm_from_thread() -> None:
         os._exit(128 + signal.SIGTERM)  # same status a shell reports for the signal
 
 
-def _watch(fd: int, fin: _Finaliser) -> None:
+def _watch(fd: int, fin: _Finaliser, ours: Callable[..., None]) -> None:
     while True:
         try:
             data = os.read(fd, 64)
@@ -79,10 +91,54 @@ def _watch(fd: int, fin: _Finaliser) -> None:
             return
         if not data:
             return
-        if signal.SIGTERM in data:  # one byte per signal number delivered
+        # One byte per signal number delivered. Acted on only while our handler is the
+        # installed one: a handler the script set since then decides (see the docstring).
+        if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is ours:
             fin.finish()
             _die_of_sigterm_from_thread()
             return
+
+
+class _ForkGuard:
+    """``os.register_at_fork`` hooks: a forked child keeps neither the wakeup fd (the
+    parent's pipe) nor the handler (the parent's records). SIGTERM is blocked in the
+    forking thread around the fork, so a child signalled before its hook ran (a helper
+    started and ``terminate()``d at once) gets the signal only once the hook restored the
+    default action: it dies of it as it would without stepscope, and writes nothing to the
+    parent's pipe. The parent's own SIGTERM meanwhile waits the few microseconds of the
+    fork (or reaches another of its threads: the watcher's)."""
+
+    def __init__(self, r: int, w: int, ours: Callable[..., None]) -> None:
+        self.r, self.w, self.ours = r, w, ours
+        self.mask: set[int | signal.Signals] | None = None
+
+    def register(self) -> None:
+        os.register_at_fork(before=self.before, after_in_parent=self.unblock,
+                            after_in_child=self.after_in_child)
+
+    def before(self) -> None:
+        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def unblock(self) -> None:
+        if self.mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+            self.mask = None
+
+    def after_in_child(self) -> None:
+        try:
+            old = signal.set_wakeup_fd(-1)
+            if old not in (self.w, -1):
+                signal.set_wakeup_fd(old)  # a fd the child set up itself since: kept
+            if signal.getsignal(signal.SIGTERM) is self.ours:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError):  # forked from a thread of a non-main interpreter
+            pass
+        for fd in (self.r, self.w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.unblock()  # a SIGTERM that came meanwhile is delivered now: default action
 
 
 def install_sigterm_finaliser(close: Callable[[], None]) -> bool:
@@ -94,8 +150,11 @@ def install_sigterm_finaliser(close: Callable[[], None]) -> bool:
         return False  # the script's own handler (or SIG_IGN) decides
     fin = _Finaliser(close)
 
+    owner = os.getpid()
+
     def handler(signum: int, frame: FrameType | None) -> None:
-        fin.finish()
+        if os.getpid() == owner:  # a forked child signalled before its hook: no close
+            fin.finish()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -113,6 +172,7 @@ def install_sigterm_finaliser(close: Callable[[], None]) -> bool:
         os.close(r)
         os.close(w)
         return False
-    threading.Thread(target=_watch, args=(r, fin), daemon=True,
+    _ForkGuard(r, w, handler).register()
+    threading.Thread(target=_watch, args=(r, fin, handler), daemon=True,
                      name="stepscope-sigterm").start()
     return True

@@ -10,6 +10,12 @@ air-gapped cluster) and a small JSON API the page polls while a run is live:
     GET /api/series?path=REL&max_points=N[&steps=A:B|A:]     per-step series for the charts
     GET /api/compare?a=REL&b=REL                             the A/B verdict
 
+It answers only its owner: a request whose ``Host`` header names anything but a loopback
+name (``localhost``, ``127.0.0.1``, ``[::1]``) or the address given with ``--host`` gets
+421 (a web page that rebinds its own DNS name to 127.0.0.1 cannot read the runs), and every
+request needs the per-server token of the URL it prints (``?token=...`` once, then a
+cookie, as Jupyter does): another local user reaching 127.0.0.1 gets 403.
+
 Example::
 
     server = make_server("runs", port=0)       # port 0: any free port
@@ -55,6 +61,16 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline';
        "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
        "frame-ancestors 'none'; form-action 'none'")
 _COOKIE = "stepscope_token"
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def host_name(header: str) -> str:
+    """The name of a Host header, port and IPv6 brackets off, lower case."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
 
 
 def _asset(name: str) -> bytes:
@@ -68,6 +84,10 @@ class DashboardServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.board = board
         self.token = token  # required on every request when not None
+        # Host headers answered: loopback names, and the address listened on unless it is
+        # a wildcard (0.0.0.0: any name reaches it; the token still guards it).
+        self.hosts: frozenset[str] | None = (
+            None if host in _WILDCARDS else frozenset({*_LOOPBACK_NAMES, host.lower()}))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A browser that closed its connection (a tab closed, a reload) is no error worth
@@ -121,6 +141,11 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         q = parse_qs(url.query)
         one = {k: v[-1] for k, v in q.items()}
+        hosts = self.server.hosts
+        if hosts is not None and host_name(self.headers.get("Host", "")) not in hosts:
+            self._json(421, {"error": "this dashboard answers only to its own address "
+                                      "(localhost or the --host it was started with)"})
+            return
         if not self._authorised(one.get("token")):
             self._json(403, {"error": "this dashboard needs its token: open the URL that "
                                       "`stepscope serve` printed"})
@@ -185,15 +210,16 @@ def make_server(root: str, host: str = "127.0.0.1", port: int = 8765,
                 refresh_s: float = 2.0, token: str | None = None,
                 index_wait_s: float = 0.25, partial_bytes: int | None = PARTIAL_BYTES,
                 sample_bytes: int = SAMPLE_BYTES) -> DashboardServer:
-    """A ready (bound, not yet serving) dashboard server over ``root``. Any host but a
-    loopback address gets a token (generated unless given) that every request must carry.
+    """A ready (bound, not yet serving) dashboard server over ``root``, with a token
+    (generated unless given) that every request must carry, and a Host check (see the
+    module docstring); ``url`` is the address to open, token included.
     ``index_wait_s``: how long a request waits for the index before it answers with what
     is known (serve_index.RunList). ``partial_bytes``, ``sample_bytes``: a run with more
     step bytes than that to decode paints first from a sample of that many (serve_partial;
     None: never)."""
     board = Dashboard(root, refresh_s=refresh_s, index_wait_s=index_wait_s,
                       partial_bytes=partial_bytes, sample_bytes=sample_bytes)
-    if token is None and not is_loopback(host):
+    if token is None:  # on loopback too: any local user can reach 127.0.0.1
         token = secrets.token_urlsafe(18)
     try:
         return DashboardServer(board, host, port, token)

@@ -19,15 +19,14 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from ..rundir.derived import make_real_dirs, open_derived, real_dirs, replace_from_tmp
 from ..rundir.results import code_digest
 
 __all__ = ["PageCache", "PAGES_DIR"]
@@ -52,11 +51,12 @@ class PageCache:
     def get(self, rel: str, kind: str, state: str | None, query: Sequence[Any]
             ) -> dict[str, Any] | None:
         """The document of ``rel`` stored for this state of its files and this query."""
-        if state is None:
+        if state is None or not real_dirs(self.dir, 1):  # a link there is never followed
             return None
         key = _key(state, query)
         try:
-            stored = orjson.loads(self._file(rel, kind).read_bytes())
+            with open_derived(self._file(rel, kind)) as f:
+                stored = orjson.loads(f.read())
         except (OSError, orjson.JSONDecodeError):
             return None
         if not isinstance(stored, dict) or stored.get("key") != key \
@@ -72,14 +72,11 @@ class PageCache:
             return
         key = _key(state, query)
         path = self._file(rel, kind)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             data = orjson.dumps({"key": key, "path": rel, "doc": doc},
                                 option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
                                 default=str)
-            self.dir.mkdir(exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            make_real_dirs(self.dir, 1)
+            replace_from_tmp(path, lambda f: f.write(data))
         except (OSError, TypeError):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            pass

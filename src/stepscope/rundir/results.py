@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from .derived import make_real_dirs, open_derived, real_dirs, replace_from_tmp
+
 __all__ = ["Stored", "SUMMARY_DIR", "run_files_identity", "run_state"]
 
 SUMMARY_DIR = "summary"
@@ -148,8 +150,11 @@ class Stored:
     def get(self) -> Any | None:
         if self._key is None:
             return None
+        if not real_dirs(self._file.parent, 2):  # RUN/.cache or its summary/ a link
+            return None
         try:
-            d = orjson.loads(self._file.read_bytes())
+            with open_derived(self._file) as f:
+                d = orjson.loads(f.read())
         except (OSError, orjson.JSONDecodeError):
             return None
         if not isinstance(d, dict) or d.get("format") != _FORMAT or d.get("key") != self._key:
@@ -161,18 +166,11 @@ class Stored:
         was made, it cannot be encoded, or it cannot be written."""
         if self._key is None or self._state() != self._key:
             return False
-        tmp = self._file.with_name(f".{self._file.name}.{os.getpid()}.tmp")
         try:
             data = orjson.dumps({"format": _FORMAT, "key": self._key, "doc": doc},
                                 option=_DUMP, default=str)
-            self._file.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self._file)
+            make_real_dirs(self._file.parent, 2)  # never through a link (see .derived)
+            replace_from_tmp(self._file, lambda f: f.write(data))
         except (OSError, TypeError, orjson.JSONEncodeError):
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
             return False
         return True

@@ -28,6 +28,12 @@ until the writer completes it. Bytes past the size seen by ``stat`` are not read
 racing a writer sees a consistent prefix. Every cache write is best effort (temporary file,
 then ``os.replace``); a read-only run directory just has no cache.
 
+Reading a run never deletes or writes outside it (the rules of :mod:`.derived`): a link
+at ``RUN/.cache``, ``.cache/steps``, a ``rank-00000.jsonl.d``, a manifest or a segment is
+never followed (the file is read without the cache; the link is left alone), files are
+created ``O_EXCL | O_NOFOLLOW``, and only segment-form names (``<12 hex>[.nan].npy``) are
+pruned or read; a manifest naming any other file is not a cache.
+
 Example::
 
     block, stats = load_rank_file(Path("RUN/steps/rank-00000.jsonl"), Path("RUN/.cache/steps"))
@@ -40,6 +46,7 @@ import hashlib
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +54,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from .derived import make_real_dirs, open_derived, real_dirs, refuse_links, replace_from_tmp
 from .steps_decode import VALUE_RULES, Block, ReadStats, concat_blocks, decode_steps
 from .steps_lazy import CachedColumns, Part, open_part
 
@@ -60,6 +68,10 @@ _CHECK_BYTES = 64
 # More segments than this are rewritten as one: a dashboard re-reading a live run every few
 # seconds for two weeks must not leave 100,000 files behind.
 _MAX_SEGMENTS = 16
+# The names a segment directory holds (``_write_segment``): the only ones pruned or read.
+_SEGMENT_NAME = re.compile(r"[0-9a-f]{12}(\.nan)?\.npy")
+# RUN/.cache/steps/<file>.d: the directories a cache write may make, from RUN/.cache down.
+_CACHE_DEPTH = 3
 
 
 @dataclass
@@ -79,9 +91,12 @@ def _manifest_path(cache_dir: Path, source: Path) -> Path:
 
 
 def _read_doc(path: Path) -> Any:
-    """The parsed manifest file, or None (absent, unreadable, not JSON)."""
+    """The parsed manifest file, or None (absent, unreadable, a link, not JSON)."""
+    if not real_dirs(path.parent, _CACHE_DEPTH - 1):
+        return None
     try:
-        return orjson.loads(path.read_bytes())
+        with open_derived(path) as f:
+            return orjson.loads(f.read())
     except (OSError, orjson.JSONDecodeError):
         return None
 
@@ -100,9 +115,27 @@ def _manifest_of(d: Any) -> _Manifest | None:
         if not all(type(v) is int for v in ints) or not isinstance(m.check, str) \
                 or not isinstance(m.segments, list):
             return None
+        if not all(_own_name(s["file"]) and (not s["flags"] or _own_name(s["flags"]))
+                   for s in m.segments):
+            return None  # a name this cache never writes (``../x``, an absolute path)
         return m
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+
+
+def _own_name(name: Any) -> bool:
+    """Whether ``name`` is of the form ``_write_segment`` gives: ``<file>.d/<segment>``."""
+    sub, _, leaf = name.partition("/") if isinstance(name, str) else ("", "", "")
+    return sub.endswith(".d") and _SEGMENT_NAME.fullmatch(leaf) is not None
+
+
+def _load_array(path: Path, mmap: bool) -> Any:
+    """A segment file, its directories and itself checked not to be links."""
+    refuse_links(path.parent, _CACHE_DEPTH)
+    if mmap and stat.S_ISREG(os.lstat(path).st_mode):  # np.load maps paths, not files
+        return np.load(path, allow_pickle=False, mmap_mode="r")
+    with open_derived(path) as f:
+        return np.load(f, allow_pickle=False)
 
 
 def _pread(fd: int, start: int, length: int) -> bytes:
@@ -125,13 +158,13 @@ def _load_segments(cache_dir: Path, m: _Manifest) -> Block | None:
             cols = [str(c) for c in seg["columns"]]
             # Mapped, then each column copied out on its own: the table's columns do not
             # keep one rank's whole matrix alive, and no second copy of it is made.
-            mat = np.load(cache_dir / seg["file"], allow_pickle=False, mmap_mode="r")
+            mat = _load_array(cache_dir / seg["file"], mmap=True)
             if mat.dtype != np.float64 or mat.shape != (len(cols), int(seg["rows"])):
                 return None
             mat = [np.array(row) for row in mat]
             flags = {}
             if seg["flags"]:
-                fmat = np.load(cache_dir / seg["flags"], allow_pickle=False)
+                fmat = _load_array(cache_dir / seg["flags"], mmap=False)
                 if fmat.dtype != np.bool_ or fmat.shape != (len(cols), int(seg["rows"])):
                     return None
                 flags = {c: f for c, f in zip(cols, fmat, strict=True) if f.any()}
@@ -141,21 +174,9 @@ def _load_segments(cache_dir: Path, m: _Manifest) -> Block | None:
     return concat_blocks(blocks)
 
 
-def _replace_from_tmp(path: Path, write: Any) -> None:
-    """``write(f)`` into a temporary file beside ``path``, then move it into place; on any
-    failure (a full disk mid-write) the temporary file is removed, never left behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _save_array(path: Path, arr: np.ndarray[Any, Any]) -> None:
-    _replace_from_tmp(path, lambda f: np.save(f, arr, allow_pickle=False))
+    refuse_links(path.parent, _CACHE_DEPTH)  # checked again: planted after the read
+    replace_from_tmp(path, lambda f: np.save(f, arr, allow_pickle=False))
 
 
 def _segment_columns(block: Block) -> list[str]:
@@ -180,7 +201,7 @@ def _write_segment(cache_dir: Path, source: Path, block: Block
     try:
         _save_array(cache_dir / name, mat)
     except FileNotFoundError:  # the first segment of this file: its directory is made once
-        (cache_dir / sub).mkdir(parents=True, exist_ok=True)
+        make_real_dirs(cache_dir / sub, _CACHE_DEPTH)
         made = True
         _save_array(cache_dir / name, mat)
     flags = ""
@@ -197,21 +218,27 @@ def _write_segment(cache_dir: Path, source: Path, block: Block
 
 def _write_manifest(cache_dir: Path, source: Path, m: _Manifest) -> None:
     data = orjson.dumps({"format": CACHE_FORMAT, **m.__dict__})
-    _replace_from_tmp(_manifest_path(cache_dir, source), lambda f: f.write(data))
+    refuse_links(cache_dir, _CACHE_DEPTH - 1)
+    replace_from_tmp(_manifest_path(cache_dir, source), lambda f: f.write(data))
 
 
 def _prune(cache_dir: Path, source: Path, m: _Manifest) -> None:
-    """Remove this file's segments the manifest no longer names (best effort): a listing
-    of its own directory, a few entries."""
+    """Remove this file's segments the manifest no longer names (best effort): segment-form
+    names of its own directory (a few entries), opened without following a link."""
     sub = _segment_dir(source)
     keep = {s["file"] for s in m.segments} | {s["flags"] for s in m.segments}
     try:
-        names = os.listdir(cache_dir / sub)
+        refuse_links(cache_dir, _CACHE_DEPTH - 1)
+        dfd = os.open(cache_dir / sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
         return
-    for name in names:
-        if f"{sub}/{name}" not in keep:
-            (cache_dir / sub / name).unlink(missing_ok=True)
+    try:
+        for name in os.listdir(dfd):
+            if _SEGMENT_NAME.fullmatch(name) and f"{sub}/{name}" not in keep:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def _usable(m: _Manifest | None, st: os.stat_result, fd: int) -> bool:
@@ -244,7 +271,7 @@ def _update(cache_dir: Path, source: Path, old: _Manifest | None, st: os.stat_re
         except OSError:
             for f in (new["file"], new["flags"]) if new is not None else ():
                 if f:  # the segment just written is named by no manifest: not left behind
-                    (cache_dir / f).unlink(missing_ok=True)
+                    (cache_dir / f).unlink(missing_ok=True)  # written just now, by name
             raise
         if not fresh and (old is None or prefix is None or not old.segments
                           or len(segs) == 1):
@@ -334,12 +361,14 @@ def load_cached_run(files: list[Path], cache_dir: Path
         at = 0
         for s in segs:
             rows, seg_cols = int(s["rows"]), [str(c) for c in s["columns"]]
+            if not real_dirs((cache_dir / s["file"]).parent, 1):
+                raise ValueError(f"{s['file']}: its directory is a link, not followed")
             part = open_part(cache_dir / s["file"], seg_cols, rows, at)
             if part is None:
                 raise ValueError(f"segment {s['file']} does not match its manifest")
             parts.append(part)
             if s["flags"]:
-                fmat = np.load(cache_dir / s["flags"], allow_pickle=False)
+                fmat = _load_array(cache_dir / s["flags"], mmap=False)
                 if fmat.dtype != np.bool_ or fmat.shape != (len(seg_cols), rows):
                     raise ValueError(f"flags {s['flags']} do not match the segment")
                 for c, f in zip(seg_cols, fmat, strict=True):

@@ -94,7 +94,10 @@ def open_part(path: Path, columns: Sequence[str], rows: int, at: int) -> Part | 
     The header is compared with the bytes ``np.save`` writes for that shape (parsing it
     costs a ``literal_eval``: ~0.1 s for a 1,024-rank run), and parsed only when they
     differ."""
-    fd = os.open(path, os.O_RDONLY)
+    try:  # a derived file: never read through a link (see .derived)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
     shape = (len(columns), rows)
     try:
         want = _header(shape)

@@ -37,6 +37,7 @@ import orjson
 
 from ..errors import RunDirError
 from ..schema import RunMeta, StepTable
+from .derived import derived_dir
 from .meta_check import clean_meta
 from .steps_decode import ReadStats, parse_jsonl
 from .steps_table import StepRead
@@ -492,7 +493,8 @@ class RunDir(CrossRankFiles):
                 ...                               # work on run A meanwhile
                 table_b, stats_b = pending.result()
         """
-        cache_dir = self.cache_dir / STEPS_DIR if cache else None
+        # None when RUN/.cache or RUN/.cache/steps is a link: read without the cache.
+        cache_dir = derived_dir(self.path, CACHE_DIR, STEPS_DIR) if cache else None
         return StepRead(self.step_files(), cache_dir, processes)
 
     # -- events ----------------------------------------------------------------------
