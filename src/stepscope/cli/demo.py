@@ -25,7 +25,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from ..analysis.advice import advise
 from ..analysis.isolation import ISOLATION_EVENT, data_isolation_verdict, isolation_finding
 from ..analysis.mfu import run_mfu
-from ..analysis.summary import summarize
 from ..errors import ConfigError
 from ..report.fmt import fmt_num, fmt_pct
 from ..report.offline import write_html
@@ -171,9 +170,7 @@ class _ProgressFeed:
 
     def finish(self) -> None:
         """End on the sheet's own headline numbers (one definition: the steady state)."""
-        run = RunDir(self.run_dir)
-        sheet = summarize(run.read_steps()[0], run.read_meta(),
-                          conditions=run.read_conditions())
+        sheet = Run.open(self.run_dir).sheet()
         self.progress.update(self.task, info=(
             f"{headline_note(sheet)}: {fmt_num(sheet.tokens_per_s)} tok/s  "
             f"MFU {fmt_pct(sheet.mfu)}"))
