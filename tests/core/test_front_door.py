@@ -10,6 +10,10 @@ than ``report``).
 
 from __future__ import annotations
 
+import threading
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +24,12 @@ from click.testing import CliRunner
 
 import stepscope
 from stepscope.cli import cli
+from stepscope.report.serve import make_server
 from stepscope.report.serve_data import Dashboard
 from stepscope.schema import RunMeta
+from support.browser import ARGS, CHROMIUM, sync_api, wait
 from support.rundirs import run_from_columns
+from support.serving import at
 
 TOKENS = 1000.0
 FAST_S, SLOW_S = 0.1, 0.2  # the clock halved from step 60 on: 3000 -> 1500 MHz
@@ -112,6 +119,33 @@ def test_a_contended_pair_has_one_verdict_on_the_cli_the_dashboard_and_the_api(
     assert api.verdict == cli_doc["verdict"]
     assert orjson.loads(orjson.dumps(api.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY,
                                      default=str)) == cli_doc
+    with _served(tmp_path) as url:
+        with urllib.request.urlopen(at(url, "api/compare?a=a&b=b"), timeout=120) as r:
+            assert orjson.loads(r.read()) == cli_doc  # key for key
+        # the page shows that verdict, with its environment check
+        api_ = sync_api()
+        with api_.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page()
+            page.goto(url + "#/compare/a/b")
+            wait(page, "document.querySelector('.verdict') !== null", 120)
+            assert page.inner_text(".verdict") == "inconclusive"
+            env = page.inner_text("#env-check")
+            assert "conditions differ" in env and "queued for a CPU" in env
+            browser.close()
+
+
+@contextmanager
+def _served(root: Path) -> Iterator[str]:
+    server = make_server(str(root), port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.url
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)
 
 
 def test_a_run_that_changes_gets_a_new_key_and_new_numbers(tmp_path: Path) -> None:

@@ -378,7 +378,9 @@ async function showCompare(a, b) {
     <td>${esc(mm.change || "")}</td></tr>`).join("");
   app().innerHTML = `<h2>A/B: ${esc(a)} → ${esc(b)}</h2>
     <div class="verdict">${esc(cmp.verdict)}</div>
-    <ul>${(cmp.reasons || []).map((r) => `<li>${esc(r)}</li>`).join("")}</ul>
+    <div class="card" id="env-check"><h3>Environment check: ${(cmp.environment || []).length ?
+      "the hosts' conditions differ" : "the hosts' conditions agree"}</h3>${
+      (cmp.environment || []).map((d) => `<p>${esc(d.warning || `${d.variable}: ${JSON.stringify(d.a)} → ${JSON.stringify(d.b)}`)}</p>`).join("")}</div>
     <div class="cards"><div class="card"><h3>Speed ledger: ${esc(speed.verdict || "")}</h3>
       <div class="muted">${esc(speed.reason || "")}</div>
       <table><tr><th>metric</th><th class="num">A</th><th class="num">B</th><th class="num">change</th><th></th></tr>${metricRows}</table></div>
