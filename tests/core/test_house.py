@@ -180,14 +180,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 PACKAGE_ARROWS = {("stepscope.rundir", "stepscope.record")}
 # Upward arrows that exist, each with its reason; the test fails on an entry that no
 # longer applies, so this list only shrinks.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("stepscope.record.crossrank", "stepscope.analysis.health.config"):
-        "straggler_scores and the straggler threshold live with the health rules; "
-        "they want a home both sides can import",
-    ("stepscope.record.isolate", "stepscope.analysis.isolation"):
-        "record_isolation stores an analysis verdict (IsolationResult, ISOLATION_EVENT): "
-        "it belongs above analysis, ReplayBatches below",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 # Where a stepscope module may be named in a string and imported by that name: the
 # package's lazy names and moved-path finder, and the plug board. A package's __init__
 # may also load its own submodules by name (f"{__name__}.x": cli, analysis.health).

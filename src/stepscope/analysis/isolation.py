@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..findings import Finding
+from ..rundir.store import ISOLATION_EVENT
 from ..schema import StepTable
 from .env_evidence import condition_differences, cpu_share
 from .summary import Conditions, steady_mask
@@ -42,7 +43,6 @@ from .summary import Conditions, steady_mask
 __all__ = ["IsolationConfig", "IsolationResult", "data_isolation_verdict",
            "comm_isolation_verdict", "isolation_finding", "ISOLATION_EVENT"]
 
-ISOLATION_EVENT = "isolation"  # events.jsonl "type" of a recorded result
 # The forward phase is the control: neither removing the loader nor the gradient sync
 # changes it, so a 25% change means the host changed between the arms (on the shared
 # 2-core test host, forward medians of identical arms differ by up to ~20%; the issue's

@@ -7,7 +7,7 @@ jobs whose ranks run different step counts (``model.join()``, an early ``break``
 rank waited in the gather while another waited in the script's own collective.
 
 Score and threshold: stepscope's one straggler definition,
-:func:`stepscope.analysis.health.config.straggler_scores` and
+:func:`stepscope.calc.straggler.straggler_scores` and
 ``HealthConfig.straggler_score`` (after NVIDIA's relative performance score; see there for
 the reference rank and why 0.8), applied here to each rank's median compute time per step.
 ``diagnose`` and the health rule judge the same scores with the same threshold.
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..analysis.health.config import HealthConfig, straggler_scores
+from ..calc.straggler import STRAGGLER_SCORE, straggler_scores
 
 __all__ = ["STRAGGLER_THRESHOLD", "straggler_scores", "stragglers", "WindowStats",
            "cross_rank_event", "FileExchange", "Rows"]
@@ -37,14 +37,15 @@ __all__ = ["STRAGGLER_THRESHOLD", "straggler_scores", "stragglers", "WindowStats
 # Rank -> that rank's vector (a missing rank has no entry).
 Rows = Mapping[int, Sequence[float]]
 
-# The health rules' threshold, recorded in each event (HealthConfig.straggler_score).
-STRAGGLER_THRESHOLD = HealthConfig.straggler_score
+# The health rules' threshold, recorded in each event (HealthConfig.straggler_score's
+# default).
+STRAGGLER_THRESHOLD = STRAGGLER_SCORE
 
 
 def stragglers(scores: Mapping[int, float], threshold: float = STRAGGLER_THRESHOLD
                ) -> list[int]:
-    """Ranks scoring below ``threshold`` (:meth:`HealthConfig.stragglers`)."""
-    return HealthConfig(straggler_score=threshold).stragglers(scores)
+    """Ranks scoring below ``threshold`` (as ``HealthConfig.stragglers`` counts them)."""
+    return sorted(r for r, s in scores.items() if s < threshold)
 
 
 class WindowStats:

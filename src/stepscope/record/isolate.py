@@ -33,11 +33,13 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..analysis.isolation import ISOLATION_EVENT, IsolationResult
 from ..errors import ConfigError
-from ..rundir.store import RunDir
+from ..rundir.store import ISOLATION_EVENT, RunDir
+
+if TYPE_CHECKING:  # the verdict is the caller's (analysis.isolation): stored, not judged
+    from ..analysis.isolation import IsolationResult
 
 __all__ = ["ReplayBatches", "noop_grad_sync_hook", "record_isolation"]
 

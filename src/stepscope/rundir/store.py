@@ -50,6 +50,7 @@ EVENTS_JSONL = "events.jsonl"
 PROFILES_DIR = "profiles"
 CONDITIONS_DIR = "conditions"
 REPORT_HTML = "report.html"
+ISOLATION_EVENT = "isolation"  # events.jsonl "type" of an isolation experiment's verdict
 # Derived data only (the columnar step cache): safe to delete at any time.
 CACHE_DIR = ".cache"
 

@@ -13,35 +13,13 @@ Example::
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ...calc.straggler import STRAGGLER_SCORE, straggler_scores
 from ...schema import AnyArray, RunMeta, StepTable
 
 __all__ = ["HealthConfig", "HealthContext", "straggler_scores"]
-
-
-def straggler_scores(rank_time_s: Mapping[int, float]) -> dict[int, float]:
-    """Straggler score per rank: reference / the rank's median own-work time (1.0 = as fast).
-
-    Reference: the lower median of the ranks' times (``statistics.median_low``): with two
-    ranks the faster one (NVIDIA's best-rank reference), with many the typical rank, so
-    one unusually fast rank (less data, a lighter pipeline stage) does not make every other
-    rank a straggler. Ranks without a positive finite time get no score. A rank is a
-    straggler when its score is below :attr:`HealthConfig.straggler_score`.
-
-    Example::
-
-        straggler_scores({0: 0.50, 1: 0.52, 2: 0.80})   # {0: 1.04, 1: 1.0, 2: 0.65}
-        HealthConfig().stragglers(_)                     # [2]
-    """
-    good = {r: float(v) for r, v in rank_time_s.items() if math.isfinite(v) and v > 0}
-    if not good:
-        return {}
-    ref = statistics.median_low(good.values())
-    return {r: ref / v for r, v in sorted(good.items())}
 
 
 @dataclass(frozen=True)
@@ -167,15 +145,11 @@ class HealthConfig:
     # <= 1.1 -> a high plateau of weights / optimizer states (field report, memory section).
     mem_temp_ratio: float = 1.5
     mem_plateau_ratio: float = 1.1
-    # Straggler: the one definition, used by this rule, the cross-rank view recorded during
-    # training (stepscope/crossrank.py), diagnose and the trace breakdown. Score
-    # (:func:`straggler_scores`) = reference / the rank's median own-work time, NVIDIA's
-    # relative performance score (nvidia-resiliency-ext straggler usage guide: "0.5 means
-    # a rank is twice as slow as" the reference). A rank scoring below 0.8 (>= 25% slower)
-    # is a straggler. Why 0.8, not NVIDIA's 0.7 example threshold: a synchronous job runs
-    # at its slowest rank's pace, so a rank at score s costs the whole job 1 - s of its
-    # throughput, and 0.8 flags the same 20% loss as ``regression_drop`` does over time ...
-    straggler_score: float = 0.8
+    # Straggler: the one definition (calc/straggler.py: the score, NVIDIA's relative
+    # performance score, and why 0.8), used by this rule, the cross-rank view recorded
+    # during training, diagnose and the trace breakdown. A rank scoring below it is a
+    # straggler ...
+    straggler_score: float = STRAGGLER_SCORE
     # ... when the excess is also >= 5% of the median step and >= 1 ms, and the rank is the
     # slow one on >= 60% of steps (consistently, not one bad step).
     straggler_min_excess_frac: float = 0.05
