@@ -1,4 +1,4 @@
-"""Alert overhead: step time with alerts to a black-hole webhook vs no alerts (issue 14).
+"""Alert overhead: step time with alerts to a black-hole webhook vs no alerts.
 
 The black hole is a local TCP server that accepts every connection and never answers, so
 every delivery runs into its timeout and is retried: the worst endpoint there is. The

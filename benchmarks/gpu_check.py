@@ -1,4 +1,4 @@
-"""A prepared check of stepscope on one NVIDIA GPU (issue 11, item 8): one command, a table.
+"""A prepared check of stepscope on one NVIDIA GPU: one command, a table.
 
     python benchmarks/gpu_check.py [--out DIR] [--budget-s 480]
 
@@ -7,7 +7,7 @@ Five checks, each bounded in time, each a row of PASS / FAIL / SKIP with its num
 1. ``phases``: the demo GPT (``stepscope.demo.torch_gpt.GPT``) trains on CUDA under
    ``stepscope run --profile-steps 10:13``; the records' forward / backward / optimizer
    means over the profiled steps against the ``stepscope trace`` phase means of the same
-   capture (within 10% per phase, the issue's bar; phases under 0.5 ms are not judged:
+   capture (within 10% per phase, the bar; phases under 0.5 ms are not judged:
    at that size launch jitter dominates).
 2. ``memory``: per-step CUDA allocator peaks on two models whose pattern is known: one
    allocates a large temporary in every step and frees it (peak >> held at step end), one

@@ -9,7 +9,7 @@ variables varied across runs. Three passes are timed:
 3. update after touching 10 runs (one extra step record each) and adding 5 runs: only
    those 15 are read.
 
-Target (issue 7): the build takes seconds, the updates a fraction of that.
+Target: the build takes seconds, the updates a fraction of that.
 
 Run: ``.venv/bin/python benchmarks/index_speed.py [--runs 1000 --steps 50]``
 """

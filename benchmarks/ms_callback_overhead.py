@@ -8,7 +8,7 @@ alike (the style of ``benchmarks/overhead.py``):
 * ``control``: the same again (the A/A control: its ratio to ``bare`` is this host's noise
   floor, measured in the same run);
 * ``loss``: a callback that reads the loss each step (what LossMonitor does: the one host
-  sync the issue allows stepscope);
+  sync the budget allows stepscope);
 * ``stepscope``: :class:`StepscopeCallback` (one, kept open across the rounds, as
   ``stepscope run`` keeps its injected one: its start-up is not a per-step cost).
 

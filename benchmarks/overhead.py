@@ -3,7 +3,7 @@
 1. Training overhead: the demo's training loop with and without the recorder (phase splits
    on, every step), interleaved A/B/A/B on the same model, seed and batches, so machine
    noise hits both arms alike. Prints the ratio of median round times.
-   Target (issue 2): <= 0.5% of step time.
+   Target: <= 0.5% of step time.
 2. Hot-path microbenchmark: one recorded step (step + 3 phases + log of 4 values) vs a
    naive recorder (a bare perf_counter pair + dict + JSON line written per step).
    Target: <= 5 us per step, and faster than the naive one.

@@ -1,4 +1,4 @@
-"""Scale benchmark (issue 18): report, diagnose and compare on runs of millions of records.
+"""Scale benchmark: report, diagnose and compare on runs of millions of records.
 
 Generates run directories of synthetic step records in the Recorder's own format
 (``stepscope.record.records.rows_to_records``, one JSONL file per rank, ~400 bytes per record,
@@ -10,9 +10,9 @@ file, into dicts: no validation, no columns). ``--before-src DIR`` also times th
 with another checkout's ``src`` first on ``PYTHONPATH`` (e.g. the code before the columnar
 reader), cold only: it has no cache.
 
-Shapes: ``--full`` the issue's 64 ranks x 150,000 steps and 1,024 ranks x 2,000 steps;
+Shapes: ``--full`` the target's 64 ranks x 150,000 steps and 1,024 ranks x 2,000 steps;
 default a scale that fits in minutes; ``--small`` seconds; ``--shape RxS`` any (repeatable).
-Targets (issue 18): warm < 3 s, cold < 2x floor, peak < 2 GB at 9.6 M records, HTML < 5 s.
+Targets: warm < 3 s, cold < 2x floor, peak < 2 GB at 9.6 M records, HTML < 5 s.
 
 The floor is also decoded once right before each cold command ("floor beside"): the host's
 speed drifts over minutes, and a cold command is best held against the decode next to it.
@@ -246,7 +246,7 @@ def main() -> None:
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--small", action="store_true", help="seconds: 8x5,000 and 128x200")
     group.add_argument("--full", action="store_true",
-                       help="the issue's 64x150,000 and 1,024x2,000 (~8 GB of files)")
+                       help="the target's 64x150,000 and 1,024x2,000 (~8 GB of files)")
     group.add_argument("--shape", action="append", metavar="RxS", help="ranks x steps")
     ap.add_argument("--before-src", default=None, help="also time this checkout's src/")
     ap.add_argument("--dir", default=None, help="where to generate (default: a temp dir)")

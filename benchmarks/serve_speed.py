@@ -2,7 +2,7 @@
 memory, against TensorBoard loading the same scalars, measured in the same run.
 
 The root holds ``--runs`` small runs and one long run of ``--steps`` x ``--ranks`` records
-(issue 15: 1,000 runs and 1,000,000 x 8). Step files are written directly as JSON lines
+(target: 1,000 runs and 1,000,000 x 8). Step files are written directly as JSON lines
 in the recorder's format (fast to make; the reader does not care who wrote them).
 
 Measured, each with a fresh server process, in headless Debian Chromium driven by

@@ -18,7 +18,7 @@ the fastest of ``--repeat`` runs per tool and size (the machine is shared; noise
 
 Inputs: the largest Kineto trace under ``../shared/data/traces`` and synthetic scale-ups of
 it (its steps concatenated, shifted in time, renumbered, correlation ids made unique) to
-1 M+ events. Targets (issue 4): >= 8x faster and <= 1/3 of HTA's peak memory.
+1 M+ events. Targets: >= 8x faster and <= 1/3 of HTA's peak memory.
 """
 
 from __future__ import annotations

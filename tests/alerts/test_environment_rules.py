@@ -1,4 +1,4 @@
-"""The environment rules live (issue 11's definitions): contention and throttling fire with
+"""The environment rules live (the offline regimes' rules): contention and throttling fire with
 the numbers that show them; slow steps the host does not explain, a busy host that costs
 nothing and a noisy healthy run fire nothing. A real CPU hog beside a real run fires
 "the host is contended"."""

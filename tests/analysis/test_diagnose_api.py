@@ -65,7 +65,7 @@ def test_isolation_is_load_adjusted_when_phases_exist() -> None:
     # outside compute: 0.1 - 0.08 = 0.02 as is, 0.16 - 0.16 = 0 replayed -> 20% of 0.1 s
     assert res.load_adjusted and res.share == pytest.approx(0.2)
     # ... but a host that doubled the untouched forward phase is an uncontrolled
-    # experiment (issue 11): inconclusive, with the number
+    # experiment: inconclusive, with the number
     assert res.compute_change == pytest.approx(1.0) and res.verdict == "inconclusive"
     assert "forward phase, which the experiment does not touch, ran +100%" in res.message
 

@@ -105,7 +105,7 @@ def test_overflow_skips_are_numerics_not_nan() -> None:
 
 
 def test_every_update_skipped_in_a_short_run_is_critical() -> None:
-    """Issue 17: 10 steps, all overflowed: nothing was trained."""
+    """10 steps, all overflowed: nothing was trained."""
     t = StepTable.from_columns({"step": np.arange(10), "rank": np.zeros(10, np.int64),
                                 "step_time_s": np.full(10, 0.1), "overflow": np.ones(10),
                                 "loss_scale": 2.0 ** (26 - np.arange(10))})
@@ -487,7 +487,7 @@ def test_stall_rule_does_not_count_evaluation_or_checkpoint_between_steps() -> N
 
 
 def test_divergence_in_a_short_run_is_a_finding() -> None:
-    """Issue 17: 10 steps, loss 2.3 -> 2566 (too short for the trend windows)."""
+    """10 steps, loss 2.3 -> 2566 (too short for the trend windows)."""
     loss = np.array([2.3, 2.4, 3.1, 9.0, 40.0, 180.0, 700.0, 2566.0, 1900.0, 2100.0])
     t = StepTable.from_columns({"step": np.arange(10), "rank": np.zeros(10, np.int64),
                                 "step_time_s": np.full(10, 0.1), "loss": loss})

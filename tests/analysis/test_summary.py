@@ -129,7 +129,7 @@ def test_sheet_states_the_loss_convention_and_the_time_between_steps() -> None:
 
 
 def test_profiled_steps_and_steps_mostly_stepscopes_own_are_not_steady() -> None:
-    """Issue 17: a capture's steps and the profiler stop billed as tool_s stay out of
+    """A capture's steps and the profiler stop billed as tool_s stay out of
     throughput and compare (one steady-state definition)."""
     n = 10
     t = StepTable.from_columns({
@@ -143,7 +143,7 @@ def test_profiled_steps_and_steps_mostly_stepscopes_own_are_not_steady() -> None
 
 
 def test_no_perplexity_for_a_run_counting_samples_but_no_tokens() -> None:
-    """Issue 17: an image classifier's cross-entropy is no token perplexity."""
+    """An image classifier's cross-entropy is no token perplexity."""
     t = _table(step_time_s=[1.0, 1.0, 1.0], loss=[2.3, 2.2, 2.0], samples=[16.0] * 3)
     assert summarize(t).perplexity is None
     t = _table(step_time_s=[1.0, 1.0, 1.0], loss=[2.3, 2.2, 2.0], samples=[16.0] * 3,

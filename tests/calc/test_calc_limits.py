@@ -1,4 +1,4 @@
-"""`stepscope mfu` refuses the impossible and prints FLOPs from a model alone (issue 11 item 7)."""
+"""`stepscope mfu` refuses the impossible and prints FLOPs from a model alone."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`plan` v2: framework constraints, a step-time model, launch settings (issue 16)."""
+"""`plan` v2: framework constraints, a step-time model, launch settings."""
 
 from __future__ import annotations
 

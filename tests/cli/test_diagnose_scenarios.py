@@ -55,7 +55,7 @@ def _diagnose(tmp_path: Path, name: str, *args: str) -> dict[str, Any]:
 
 
 def _raised(d: dict[str, Any]) -> list[dict[str, Any]]:
-    """Warnings about the job. Environment findings (issue 11) are about the host: on this
+    """Warnings about the job. Environment findings are about the host: on this
     shared machine other tests may contend a run, which diagnose rightly names."""
     return [f for f in d["findings"] if f["severity"] in ("critical", "warning")
             and f["category"] != "environment"]
@@ -120,7 +120,7 @@ def test_isolate_data_proves_the_slow_loader_and_clears_the_clean_run(tmp_path: 
     assert slow["experiment_rate"] > 2 * slow["baseline_rate"]
     assert verdicts["clean"]["verdict"] != "bottleneck"
     # On a loaded host the two arms may run under different load: then the experiment is
-    # inconclusive and says so with the numbers (issue 11), never a verdict
+    # inconclusive and says so with the numbers, never a verdict
     clean = verdicts["clean"]["message"]
     assert "not the bottleneck" in clean or (
         verdicts["clean"]["verdict"] == "inconclusive"
@@ -130,7 +130,7 @@ def test_isolate_data_proves_the_slow_loader_and_clears_the_clean_run(tmp_path: 
 @pytest.mark.slow
 def test_isolate_comm_bounds_the_heavy_comm_scenario(tmp_path: Path) -> None:
     # The two arms run one after the other; when other load on this host changes between
-    # them the experiment says `inconclusive` with the numbers (issue 11). Load is transient:
+    # them the experiment says `inconclusive` with the numbers. Load is transient:
     # one retry, then an inconclusive verdict must at least name why.
     for attempt in range(2):
         out = tmp_path / f"iso-comm-{attempt}"

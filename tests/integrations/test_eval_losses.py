@@ -1,5 +1,5 @@
 """Evaluation losses into the run's eval events: what a forward's loss is, how one
-evaluation's forwards are averaged, which of a Trainer's metrics are quality. Issue 13."""
+evaluation's forwards are averaged, which of a Trainer's metrics are quality."""
 
 from __future__ import annotations
 

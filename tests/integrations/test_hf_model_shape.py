@@ -1,5 +1,5 @@
 """A transformers model under `stepscope run` is described by the same family mapper as
-`--hf-config` (issue 16): its recorded shape and FLOPs per token equal what the calculator
+`--hf-config`: its recorded shape and FLOPs per token equal what the calculator
 gives for the model's own config.json. Tiny models are built locally (no hub)."""
 
 from __future__ import annotations

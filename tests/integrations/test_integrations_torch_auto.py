@@ -62,7 +62,7 @@ def test_plain_loop_run_json_fingerprint(tmp_path):
     assert b["precision"] == "fp32" and b["seed"] == 1234
     env = meta.environment
     assert env["framework"] == "torch" and env["framework_version"].startswith("2.")
-    # 6 x matmul parameters: the untied 128 x 256 embedding is a lookup (issue 13 item 7)
+    # 6 x matmul parameters: the untied 128 x 256 embedding is a lookup, no matmul
     assert b["embedding_lookup_params"] == 128 * 256
     assert env["flops_per_token"] == 6 * (b["num_params"] - 128 * 256)
     assert "embedding-lookup" in env["flops_convention"]

@@ -170,8 +170,8 @@ def test_two_train_calls_one_run_hooks_once_and_removed(tmp_path):
 @pytest.mark.xdist_group("hf")
 def test_evaluation_between_steps_is_eval_time_not_data_wait(tmp_path):
     """An evaluation in the middle of training (eval_steps=2) is the next step's eval_s:
-    the Trainer's own eval_runtime, taken out of that step's data wait and span (issue 13:
-    eval time is not data wait)."""
+    the Trainer's own eval_runtime, taken out of that step's data wait and span (eval
+    time is not data wait)."""
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     torch.manual_seed(0)

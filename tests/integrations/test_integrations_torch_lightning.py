@@ -150,7 +150,7 @@ class _SlowValLM(_TinyLM):
 @pytest.mark.xdist_group("lightning")
 def test_validation_between_steps_is_eval_time_not_data_wait(tmp_path):
     """A validation after step 2 (val_check_interval=2) is step 2's eval_s and not its data
-    wait (issue 13); the sanity check before training is no step's."""
+    wait; the sanity check before training is no step's."""
     pl.seed_everything(5, verbose=False)
     data = torch.randint(0, VOCAB, (32, SEQ + 1))
     ds = torch.utils.data.TensorDataset(data[:, :-1], data[:, 1:])

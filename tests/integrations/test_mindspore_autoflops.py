@@ -4,7 +4,7 @@ MindSpore 2.10 CPU, through the callback and under `stepscope run`. Each run's F
 sample equal a hand count of the layers, its MFU follows from them, its losses equal the
 script's own, and equal those of the same script run without stepscope (the count's
 forward moves no BatchNorm statistics and draws no dropout). A network it cannot count
-says why, and trains on. Issue 17."""
+says why, and trains on."""
 
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ def test_model_train_callback_and_profile(tmp_path: Path) -> None:
 
 
 def test_exception_inside_model_train_closes_the_callbacks_run_failed(tmp_path: Path) -> None:
-    """Issue 17: the callback's records end `failed` with the exception, not `finished`."""
+    """The callback's records end `failed` with the exception, not `finished`."""
     run_dir = tmp_path / "crash"
     p = subprocess.run([sys.executable, str(SCRIPTS / "ms_model_train.py"), str(run_dir),
                         "--steps", "6", "--crash-at", "2"], cwd=tmp_path, capture_output=True,
@@ -142,7 +142,7 @@ def test_custom_cell_without_loss_is_reported(tmp_path: Path) -> None:
 
 
 def test_cell_returning_grad_norm_then_loss_is_warned_about(tmp_path: Path) -> None:
-    """Issue 17: (grad_norm, loss) outputs would record the norm as the loss, silently."""
+    """(grad_norm, loss) outputs would record the norm as the loss, silently."""
     run_dir = tmp_path / "gn"
     _script("ms_model_train.py", run_dir, "--steps", "3", "--grad-norm-first")
     warnings_, _ = RunDir.open(run_dir).read_events("warning")
@@ -160,7 +160,7 @@ def test_custom_loop_profile_matches_self_timed_phases(tmp_path: Path) -> None:
         assert np.all(np.isfinite(table[col])), col
     assert np.all(table["loss_scale"] == 1024) and np.all(table["overflow"] == 0)
     assert np.all(table["grad_norm"] > 0)
-    # the profiled steps are flagged and kept out of the steady state (issue 17)
+    # the profiled steps are flagged and kept out of the steady state
     assert np.nan_to_num(table["profiled"]).tolist() == [0, 0, 1, 1, 1, 0, 0, 0]
     assert not np.any(steady_mask(table)[2:5])
     meta = RunDir.open(run_dir).read_meta()
@@ -209,8 +209,8 @@ def test_msrun_two_workers(tmp_path: Path) -> None:
     # all-reduce ("comm", not compute). Timings on this shared 2-core machine are noisy, so
     # the check is the ordering, not the threshold (with two ranks the reference is the
     # faster rank, scored 1.0: flagging needs rank 1 > 1.25x rank 0).
-    # Since the cross-rank view stopped being a collective (issue 12: it deadlocked uneven
-    # jobs), nothing re-synchronises the ranks every 4 steps, and on this loaded machine
+    # Since the cross-rank view stopped being a collective (as one it deadlocked
+    # uneven jobs), nothing re-synchronises the ranks every 4 steps, and on this loaded machine
     # where rank 0's wait for rank 1 lands (comm or the next compute) varies: the check is
     # the exchange itself -- both ranks' windows of the same step, scored.
     for g in gathers:
@@ -309,7 +309,7 @@ def test_cli_demo_mindspore(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("msrun", path=str(BIN)) is None, reason="no msrun")
 def test_msrun_breakdown_agrees_with_a_synced_measurement(tmp_path: Path) -> None:
-    """Issue 17: MindSpore dispatches asynchronously even on CPU, so an unsynced phase
+    """MindSpore dispatches asynchronously even on CPU, so an unsynced phase
     holds the device work it waited for. LoopRecorder syncs every 10th step by default
     and the breakdown uses those rows; the reference is the same script synchronising
     after every phase of every step itself (LoopRecorder then adds no sync)."""

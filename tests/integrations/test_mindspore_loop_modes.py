@@ -1,7 +1,7 @@
 """LoopRecorder told its step functions finds which run compiled (`@jit`) and records the
 execution mode per function, so `compare` names the difference between a PyNative loop
 and the same loop with an `@jit` step (real MindSpore 2.10 CPU; tests/scripts/
-ms_loop_modes.py, checked against its own printed losses). Issue 17."""
+ms_loop_modes.py, checked against its own printed losses)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pure pieces of the zero-code instrumentation for third-party loops (issue 13): the
+"""Pure pieces of the zero-code instrumentation for third-party loops: the
 between-steps booking, the accumulation divisor, closure wrapping, batch layout and
 embedding lookups — each on real torch objects."""
 

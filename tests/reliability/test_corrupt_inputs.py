@@ -1,9 +1,9 @@
 """Corrupt or hostile inputs give a one-line message or a warning, never a traceback.
 
-Issue 12 items 8 and 9 (the step-table and run.json type checks are the reader's own
-tests): rich markup in run strings, zero readable records in `diagnose`, a corrupt
-events.jsonl, a read-only run directory, a corrupt run.json's advice, a corrupt run inside
-an index root, a concurrent index writer, and broken rank traces.
+Covered here (the step-table and run.json type checks are the reader's own tests): rich
+markup in run strings, zero readable records in `diagnose`, a corrupt events.jsonl, a
+read-only run directory, a corrupt run.json's advice, a corrupt run inside an index root,
+a concurrent index writer, and broken rank traces.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The cross-rank side channel: files in the run directory, no collective, no waiting.
 
-Issue 12 item 1: the gather was a collective keyed on each rank's step count; with uneven
+The gather once was a collective keyed on each rank's step count; with uneven
 inputs one rank waited in it forever. These pin the exchange with real run directories.
 """
 

@@ -1,6 +1,6 @@
 """Distributed jobs under `stepscope run`: no deadlock, no ranks mixed up.
 
-Issue 12 items 1 and 3: the periodic cross-rank gather (a collective keyed on each rank's
+Once, the periodic cross-rank gather (a collective keyed on each rank's
 step count) deadlocked DDP with uneven inputs; processes without a RANK variable
 (`torch.multiprocessing.spawn`) all wrote rank 0's file.
 """

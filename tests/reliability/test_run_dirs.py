@@ -1,6 +1,6 @@
 """Run directories are never overwritten; a full disk loses records but says so.
 
-Issue 12 items 4 and 6: a second `stepscope run --out DIR` replaced the first run.json and
+Once, a second `stepscope run --out DIR` replaced the first run.json and
 merged both runs' rows; on a full disk `stepscope run` exited 2 although training exited
 0, run.json stayed `running`, the loss was never written and temporary files were left.
 """

@@ -1,6 +1,6 @@
 """Signals sent to `stepscope run` reach the training script; nothing is orphaned.
 
-Issue 12 items 2 and 5: SIGINT to stepscope alone used to leave training running for 30 s
+Once, SIGINT to stepscope alone used to leave training running for 30 s
 and then SIGKILL it (rc 137); SIGTERM killed stepscope (rc 143) and orphaned the child.
 """
 

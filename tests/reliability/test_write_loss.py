@@ -1,6 +1,6 @@
 """Records lost to a full disk are counted and reported as soon as space returns.
 
-Issue 12 item 6, in process: a real small tmpfs filled by another file, then freed.
+The full-disk case in process: a real small tmpfs filled by another file, then freed.
 """
 
 from __future__ import annotations

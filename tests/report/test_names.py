@@ -1,4 +1,4 @@
-"""Op names in narrow columns: shortened where needed, never cut blindly (issue 11)."""
+"""Op names in narrow columns: shortened where needed, never cut blindly."""
 
 from __future__ import annotations
 

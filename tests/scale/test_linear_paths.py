@@ -1,4 +1,4 @@
-"""The O(rows) paths of issue 18 give what the sorting code gave, bit for bit.
+"""The O(rows) paths for runs of millions of records give what the sorting code gave, bit for bit.
 
 Oracles are the previous implementations, inline: ``np.unique``, ``np.nanmedian`` over
 every trailing window, a lexsort for per-step medians and for the first/last loss, a full

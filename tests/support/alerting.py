@@ -13,7 +13,7 @@ from .chat_robots import DING_SECRET, FEISHU_SECRET, ChatRobots
 def alert(rank: int = 0, rule: str = "step_time", severity: str = "warning") -> Alert:
     return Alert(rule=rule, severity=severity, run="exp1", rank=rank, step=120,  # type: ignore[arg-type]
                  message="step time 3.0x the steady median, 3 steps in a row",
-                 next_step="run `stepscope diagnose RUN`", source="issue 14 median rule",
+                 next_step="run `stepscope diagnose RUN`", source="median rule",
                  values={"step_time_s": 0.9, "median_s": 0.3}, time_s=1.0)
 
 

@@ -1,7 +1,7 @@
 """accelerate run_clm_no_trainer-style training (scripts/accelerate_clm_style.py) under
 `stepscope run`: accumulation 2 through ``accelerator.backward`` with a one-micro-batch
 step at each epoch's end, evaluation after every epoch, checked against the script's own
-numbers. Issue 13.
+numbers.
 """
 
 from __future__ import annotations

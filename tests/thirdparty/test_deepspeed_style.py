@@ -2,7 +2,7 @@
 on the CPU over gloo: optimizer steps, micro-batches per step, the loss DeepSpeed's backward
 scales by 1/accumulation (recorded as the micro-batch mean) and ZeRO's global pre-clip
 gradient norm (each rank's optimizer holds a partition only), checked per rank against
-the script's own prints. Issue 13.
+the script's own prints.
 
 Needs the ``deepspeed`` extra; skipped where DeepSpeed is not installed.
 """

@@ -1,7 +1,7 @@
 """Counted FLOPs of a Hugging Face model called with an ``attention_mask`` (as
 run_clm_no_trainer.py's batches are): transformers 5's mask code reads the mask's values,
 which meta tensors cannot give, so the forward is counted once more without it; the FLOPs
-are the same as for a call without a mask, and the convention says so. Issue 13 (before,
+are the same as for a call without a mask, and the convention says so. (Before,
 the count failed: "Tensor.item() cannot be called on meta tensors")."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ one-micro-batch last step in each of 2 epochs, evaluation with perplexity after 
 epoch. stepscope's records are checked against the script's own numbers: its log ("Total
 optimization steps", each epoch's perplexity and eval_loss) and what ``--with_tracking
 --report_to tensorboard`` writes (each epoch's train_loss, eval_loss, perplexity and
-completed steps). Issue 13.
+completed steps).
 
 The script logs no per-step loss or gradient norm, so a second run goes through
 scripts/observe_training.py, which runs the same file unmodified and prints each optimizer
@@ -14,7 +14,7 @@ numbers (checked), so the observer changes nothing measured.
 
 The script is not kept in this repository (third-party code stays out of it). Point
 ``STEPSCOPE_RUN_CLM_NO_TRAINER`` at a copy; without it, or without ``datasets``, the module
-is skipped. The version run for issue 13: repository evalstate/transformers (a fork of
+is skipped. The version run: repository evalstate/transformers (a fork of
 huggingface/transformers), path examples/pytorch/language-modeling/run_clm_no_trainer.py,
 commit 2143f93a301ca3efb8a4f7e499ff515fb45bc016, Apache-2.0 (its header kept),
 ``check_min_version("4.57.0.dev0")``, sha256 below; it imports nothing transformers 5

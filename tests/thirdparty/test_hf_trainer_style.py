@@ -1,6 +1,6 @@
 """Hugging Face Trainer (scripts/hf_trainer_style.py) under `stepscope run`, and with
 stepscope's own callback: accumulation 2 with a one-micro-batch step at each epoch's end,
-evaluation every epoch, checked against the Trainer's own logs. Issue 13.
+evaluation every epoch, checked against the Trainer's own logs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """LBFGS with a closure (scripts/lbfgs_style.py, pytorch/examples time_sequence_prediction
 style) under `stepscope run`: several closure evaluations per optimizer step, no token
-ids, a no-grad prediction after every step. Issue 13.
+ids, a no-grad prediction after every step.
 """
 
 from __future__ import annotations

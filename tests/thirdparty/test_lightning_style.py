@@ -1,6 +1,6 @@
 """Lightning automatic optimization (scripts/lightning_style.py) under `stepscope run`:
 ``optimizer.step(closure)``, ``gradient_clip_val=0.25``, validation every epoch, checked
-against the script's own callback numbers. Issue 13.
+against the script's own callback numbers.
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@ unmodified: Model.train with LossMonitor/TimeMonitor, the quick-start PyNative l
 same loop with an @jit step, a TrainOneStepCell loop. Each run's records are checked
 against the losses the script printed itself; a crash inside Model.train ends `failed`,
 and a script with nothing to attach to makes `stepscope run` exit non-zero.
-
-Issue 17.
 """
 
 from __future__ import annotations
@@ -76,7 +74,7 @@ def test_tutorial_script_records_its_own_losses(plain: dict[str, ScriptRun],
 
 def test_compare_names_jit_as_the_differing_variable(
         plain: dict[str, ScriptRun], tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Issue 17: a PyNative loop and the same loop with an @jit step differ in execution
+    """A PyNative loop and the same loop with an @jit step differ in execution
     mode; compare must say so rather than call the speed-up 'landed' on no variable."""
     a = _plain(plain, tmp_path_factory, "pynative")
     b = _plain(plain, tmp_path_factory, "jit")

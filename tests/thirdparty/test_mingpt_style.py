@@ -1,6 +1,6 @@
 """minGPT-style training (scripts/mingpt_style.py) under `stepscope run`: DataLoader
 workers, clip_grad_norm_, generate() between steps, checked against the script's own
-numbers. Issue 13.
+numbers.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """nanoGPT-style training (scripts/nanogpt_style.py) under `stepscope run`, checked against
 the script's own numbers: optimizer steps, mean loss over the accumulated micro-batches,
 clip_grad_norm_'s pre-clip norm, lr, tokens per iteration, eval/checkpoint time, MFU.
-
-Issue 13.
 """
 
 from __future__ import annotations
@@ -69,7 +67,7 @@ def test_no_warning_or_critical_finding(run: ScriptRun,
 
 def test_disabled_grad_scaler_is_plain_fp32_and_the_loss_convention_is_stated(run: ScriptRun
                                                                             ) -> None:
-    assert run.report_meta_baseline()["precision"] == "fp32"  # issue 13 item 9
+    assert run.report_meta_baseline()["precision"] == "fp32"  # scaler disabled: fp32
     config = RunDir(run.out).read_meta().config
     assert config["loss_convention"].startswith("mean over the optimizer step's micro-batches")
 

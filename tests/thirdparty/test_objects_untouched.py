@@ -1,5 +1,5 @@
 """Hooks leave no trace on the user's objects: a script that saves, copies and pickles its
-model and optimizer prints the same under `stepscope run` as without it (issue 13 item 1).
+model and optimizer prints the same under `stepscope run` as without it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Shape checks before training (scripts/probe_style.py) under `stepscope run`: no-grad
 forwards of the model, in train and in eval mode, before its first training forward are
-probes, not evaluation and not part of step 0. Issue 13 (Lightning's sanity check, the
+probes, not evaluation and not part of step 0 (Lightning's sanity check, the
 evaluation case, is in test_lightning_style.py; nanoGPT's loss-computing estimate_loss at
 iteration 0 in test_nanogpt_style.py)."""
 

@@ -1,7 +1,7 @@
 """No-grad forwards of the trained model before every step (scripts/rollout_style.py: an RL
 rollout each iteration) are the loop's own work, not evaluation: after 3 steps in a row
 with them, stepscope counts them in the step; an evaluation with a loss between the same
-steps stays ``eval_s``. Issue 13 (before this, every such rollout was booked as eval and
+steps stays ``eval_s`` (before this, every such rollout was booked as eval and
 left out of step time and throughput).
 """
 

@@ -1,6 +1,6 @@
 """word_language_model-style training (scripts/wordlm_style.py) under `stepscope run`:
 sequence-first batches, clip_grad_norm_, manual SGD or AdamW (``--use-optimizer``), eval
-after each epoch, ``torch.save(model, f)``. Issue 13.
+after each epoch, ``torch.save(model, f)``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One headline throughput (issue 11): the demo's progress bar, the sheet, report.html and
+"""One headline throughput: the demo's progress bar, the sheet, report.html and
 `stepscope index` show the same steady-state tokens/s and MFU.
 
 A real `stepscope demo` (12 steps of the tiny GPT on the CPU) run as a subprocess.

@@ -1,4 +1,4 @@
-"""A run profiled with `stepscope run --profile-steps` (issue 11): the profiler's own steps
+"""A run profiled with `stepscope run --profile-steps`: the profiler's own steps
 and memory never feed the memory, stall or throughput rules; the capture shows in
 report.html; the hooks mark forward, backward and optimizer in the capture, so
 `stepscope trace` splits the phases as the live records do.
@@ -60,7 +60,7 @@ def test_the_capture_shows_the_phases_the_records_measured(tmp_path: Path) -> No
     table, _ = RunDir(run).read_steps()
     inside = table.select((table["step"] >= 10) & (table["step"] < 13))
     # The marks bracket exactly what the hooks time: forward and backward agree within
-    # 10% (the issue's bar). The trace's optimizer also counts zero_grad, which the
+    # 10% (the bar). The trace's optimizer also counts zero_grad, which the
     # records leave outside the optimizer phase: it can only be larger.
     for phase in ("forward", "backward"):
         recorded = float(np.mean(inside[f"{phase}_s"])) * 1e6

@@ -1,4 +1,4 @@
-"""Judgments on a real, noisy machine (issue 11): real runs of ``loop.py``, real CPU hogs.
+"""Judgments on a real, noisy machine: real runs of ``loop.py``, real CPU hogs.
 
 Every run is a real process recorded by ``stepscope.Recorder`` with its conditions
 sampler. A hog is ``python -c 'while True: pass'`` pinned to the CPU the run is pinned to,

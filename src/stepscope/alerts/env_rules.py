@@ -1,6 +1,6 @@
 """The environment rules, live: the host is contended, the clock is throttled.
 
-The judgement is issue 11's (``analysis/regimes.py``: :func:`environment_cause`, with its
+The judgement is the offline regimes' (``analysis/regimes.py``: :func:`environment_cause`, with its
 thresholds ``RUNQ_DELTA``, ``CPU_SHARE_DROP``, ``PREEMPT_RATIO``, ``CLOCK_RATIO``, ...):
 a stretch of steps against a reference stretch. Live, the stretch is the latest
 ``RECENT_STEPS`` steps and ``RECENT_SAMPLES`` condition samples, the reference the rolling
@@ -43,7 +43,7 @@ REFERENCE_MIN_STEPS = 12
 # Condition fields the regimes' attribution reads.
 _FIELDS = ("main_oncpu_frac", "main_runq_frac", "others_cpu_cores", "host_steal_frac",
            "cpu_mhz", "gpu_sm_clock_mhz", "gpu_throttle_reasons")
-_SRC = "environment rules of issue 11 (analysis/regimes.py), live"
+_SRC = "environment rules (analysis/regimes.py), live"
 _NEXT = {
     "contention": "another process is taking this run's CPUs: find it (top, pidstat) or move "
                   "the run; the step times of this stretch measure the host, not the code",

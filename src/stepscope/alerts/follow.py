@@ -40,7 +40,7 @@ from .tail import JsonlTail
 
 __all__ = ["RunWatcher", "pid_state"]
 
-_SRC = "stepscope watch (issue 14)"
+_SRC = "stepscope watch"
 # A process id must stay gone this long with run.json still "running" before it is
 # reported: the ranks of a job that finishes normally exit a moment apart from rank 0,
 # which marks the run finished.

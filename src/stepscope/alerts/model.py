@@ -8,7 +8,7 @@ Example::
 
     Alert(rule="step_time", severity="warning", run="exp1", rank=0, step=120,
           values={"step_time_s": 0.9, "median_s": 0.3}, message="step time 3.0x ...",
-          next_step="run `stepscope diagnose RUN`", source="median rule, issue 14")
+          next_step="run `stepscope diagnose RUN`", source="median rule")
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ class StragglerRule:
                 message=_message(event, r, score, threshold, self.consecutive),
                 next_step="look at that rank's host: throttling, other jobs, a slow link "
                           "(`stepscope diagnose RUN` shows the per-rank line)",
-                source="cross-rank straggler score (nvidia-resiliency-ext), issue 14",
+                source="cross-rank straggler score (nvidia-resiliency-ext)",
                 values={"score": score, "threshold": threshold},
                 time_s=now_s))
         return out

@@ -34,7 +34,7 @@ from .rolling import RollingMedian, record_value
 
 __all__ = ["LiveRules", "RollingMedian", "record_value"]
 
-_SRC = "stepscope live rules (issue 14)"
+_SRC = "stepscope live rules"
 
 
 class _Streak:

@@ -102,7 +102,7 @@ class StallWatchdog:
                     f"training thread is in {where}",
             next_step="read the stack: a collective waiting for another rank, a data "
                       "loader stuck on storage, a deadlock; py-spy dump --pid shows all threads",
-            source="stepscope stall watchdog (issue 14)",
+            source="stepscope stall watchdog",
             values={"stalled_s": stalled_s, "stall_after_s": limit_s,
                     "steps_done": float(steps)},
             detail=stack, time_s=self._wall())

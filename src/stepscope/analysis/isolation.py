@@ -45,11 +45,11 @@ __all__ = ["IsolationConfig", "IsolationResult", "data_isolation_verdict",
 
 # The forward phase is the control: neither removing the loader nor the gradient sync
 # changes it, so a 25% change means the host changed between the arms (on the shared
-# 2-core test host, forward medians of identical arms differ by up to ~20%; the issue's
+# 2-core test host, forward medians of identical arms differ by up to ~20%; the reported
 # uncontrolled case had the compute phases 30% apart).
 LOAD_CHANGE = 0.25
 # A speed ratio below 2x the host's own change is not attributed to the experiment
-# (the case: 1.36x with the compute phases 30% faster, a 1.43x host factor).
+# (the reported case: 1.36x with the compute phases 30% faster, a 1.43x host factor).
 EXPLAINED_FACTOR = 2.0
 
 

@@ -221,7 +221,7 @@ def _share(table: StepTable, col: str, denom: float) -> float | None:
 
 def _phase_split(steady: StepTable) -> tuple[dict[str, float], str]:
     rows = steady
-    # never "exact": MindSpore is asynchronous even on CPU (issue 17)
+    # never "exact": MindSpore is asynchronous even on CPU
     source = "host times, no step device-synced (a phase may hold earlier queued work)"
     if steady.has_data("synced") and nansum(steady["synced"]) > 0:
         synced = steady.select(steady["synced"] == 1)
@@ -307,7 +307,7 @@ def _loss_stats(table: StepTable) -> tuple[float | None, float | None, float | N
 
 
 def _recording_notes(table: StepTable, meta: RunMeta | None) -> list[str]:
-    """What the sheet's numbers mean where a loop departs from the plain one (issue 13)."""
+    """What the sheet's numbers mean where a loop departs from the plain one."""
     config = meta.config if meta else {}
     out = [f"{what}: {config[key]}" for key, what in
            (("loss_convention", "loss"), ("step_boundary", "step boundary")) if key in config]

@@ -3,8 +3,8 @@
 Every figure is *dense*. NVIDIA datasheets print tensor-core figures "with sparsity"
 (2:4 structured sparsity doubles them, footnoted with an asterisk); those are halved here, and
 a dense figure is never mixed with a sparse one: feeding 1979e12 for an H100 halves MFU
-(fms-fsdp issue #89: 24.3% vs 46%). Unknown device or dtype -> ``None`` and
-:func:`explain_miss` says why and lists close names; the CLI raises
+(foundation-model-stack/fms-fsdp, GitHub issues/89: 24.3% vs 46%). Unknown device or dtype
+-> ``None`` and :func:`explain_miss` says why and lists close names; the CLI raises
 :class:`~stepscope.errors.UnknownDeviceError` (via :func:`require_peak`). Nothing is guessed.
 
 Names are matched as frameworks report them: ``torch.cuda.get_device_name()`` ("NVIDIA H100

@@ -1,4 +1,4 @@
-"""The conditions a run ran under, sampled off the training thread (issue 11, item 1).
+"""The conditions a run ran under, sampled off the training thread.
 
 A :class:`ConditionSampler` reads what the host and the device were doing, and a
 :class:`ConditionLog` (the recorder's writer thread calls its ``tick`` at flush cadence)

@@ -192,7 +192,8 @@ class Recorder:
                                rank=self.rank, flush_interval_s=flush_interval_s,
                                capacity=capacity, background=background)
         self._queue.on_recovery = lambda n, first: self.run.report_loss(self.rank, n, first)
-        # Host/device conditions (issue 11), sampled on the writer thread at flush cadence.
+        # Host/device conditions (contention, throttling), sampled on the writer thread at flush
+        # cadence.
         self._conditions = (ConditionLog(self.run.conditions_path(self.rank))
                             if background and conditions else None)
         if self._conditions is not None:

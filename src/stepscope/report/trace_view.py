@@ -132,7 +132,7 @@ def render_trace_report(console: Console, report: TraceReport, top: int = 10) ->
         console.print(_legend())
     c = report.comparison
     if c is not None:
-        # A difference that rounds to 0.0 ms names no phase (issue 11: "+0.0 ms").
+        # A difference that rounds to 0.0 ms names no phase (it once printed "+0.0 ms").
         differs = (f"it differs most in [bold]{c.differing_phase}[/bold] "
                    f"({c.phase_delta_us / 1000:+.1f} ms per step vs the other ranks)"
                    if abs(c.phase_delta_us) >= 50 else

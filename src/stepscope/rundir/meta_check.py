@@ -1,7 +1,7 @@
 """run.json checked field by field: a wrong-typed field is dropped with a message, not fatal.
 
-``"environment": [1]`` or ``"baseline": "str"`` once raised AttributeError in every command
-(issue 12, item 8). Here each top-level field of :class:`~stepscope.schema.RunMeta` and
+``"environment": [1]`` or ``"baseline": "str"`` once raised AttributeError in every command.
+Here each top-level field of :class:`~stepscope.schema.RunMeta` and
 each numeric baseline/environment variable that analyses compute with is checked against
 the table below; a field of the wrong type is dropped and named in the returned problems
 (the store turns them into warnings). Only a missing or unusable ``run_id`` stays fatal.

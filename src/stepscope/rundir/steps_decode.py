@@ -8,7 +8,7 @@ wrong type) is decoded line by line instead, so one bad line costs one chunk's s
 file's. Both paths end in the same vectorised value checks (:data:`VALUE_RULES`), so they
 give the same table.
 
-Rules (issue 12: every reader validates and counts):
+Rules (every reader validates and counts):
 
 * a record needs an integer ``step`` (a bool is not an integer) and, when present, an
   integer ``rank``, both in ``[0, 2**53)``: otherwise the record is skipped;
@@ -123,7 +123,7 @@ class _Rule:
 
 
 # Plausibility bounds. A value past them is a writer bug or a crafted file, not a
-# measurement: 1e300 tokens once made the run's tokens/s read 1.0 (issue 12, item 7).
+# measurement: 1e300 tokens once made the run's tokens/s read 1.0.
 _DAY_S = 86_400.0
 _DURATION = _Rule(True, 30 * _DAY_S)  # one step or phase longer than a month is not real
 _COUNT = _Rule(True, 1e12)  # tokens/samples per step: ~1e4x today's largest global batches

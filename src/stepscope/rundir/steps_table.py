@@ -5,7 +5,7 @@ the step closed, e.g. the Trainer's own grad norm: the Recorder writes them with
 step's timing columns) and merged into the step, later values winning as before; or a
 *duplicate* (a whole step record again, with its timing: two processes writing one rank
 file, a restarted job appending again). A duplicate is never merged: the first record is
-kept, the rest are skipped and counted under their reason (issue 12, item 4).
+kept, the rest are skipped and counted under their reason (every reader validates and counts).
 
 Example::
 

@@ -62,7 +62,7 @@ DERIVED: dict[str, tuple[str, ...]] = {
     # micro-batch alongside a new global batch is one change, the global batch.
     "micro_batch": ("global_batch",),
 }
-# The `stepscope compare --json` top-level keys (issue 7), in order.
+# The `stepscope compare --json` top-level keys, in order (a stable contract for scripts).
 JSON_KEYS: tuple[str, ...] = ("verdict", "differing", "environment", "speed", "quality")
 VERDICTS: tuple[str, ...] = ("landed", "not landed", "invalid", "inconclusive")
 # Spellings of one value (after lower-casing and dropping spaces, "-" and "_"): the names

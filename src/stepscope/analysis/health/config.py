@@ -108,7 +108,7 @@ class HealthConfig:
     # Divergence: last-quarter median above the early median by this share.
     conv_diverge_rise: float = 0.10
     # Runs too short for those windows: a loss that reached 10x its first value diverged
-    # (issue 17: a 10-step run went 2.3 -> 2566 with no finding; noise is not a tenfold rise).
+    # (a 10-step run once went 2.3 -> 2566 with no finding; noise is not a tenfold rise).
     conv_short_rise_factor: float = 10.0
 
     # -- throughput ----------------------------------------------------------------------
@@ -128,7 +128,7 @@ class HealthConfig:
     drift_min_corr: float = 0.5
 
     # -- system --------------------------------------------------------------------------
-    # Data wait above 5% of step time -> warning (issue 6; MindInsight's "queue idle").
+    # Data wait above 5% of step time -> warning (MindInsight's "queue idle").
     data_wait_warn_frac: float = 0.05
     # ... and at least 1 ms per step (timer resolution and loop overhead on tiny CPU steps).
     data_wait_min_s: float = 0.001

@@ -1,6 +1,6 @@
 """Per-step reads that cost no device sync and no I/O on the training thread.
 
-The callback's per-step budget is 50 µs (issue 17: a /proc read and extra syncs cost
+The callback's per-step budget is 50 µs (a /proc read and extra syncs once cost
 ~1.5 ms a step, +16% on a 9.45 ms graph-mode step). Two reads were the cost:
 
 * memory: :class:`MemSampler` reads ``/proc/self/status`` on a daemon thread every

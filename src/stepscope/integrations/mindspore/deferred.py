@@ -1,6 +1,6 @@
 """Steps measured on the callback's hot path, recorded in batches off it.
 
-Issue 17's budget for ``StepscopeCallback`` is 50 µs of CPU a step. Measured inside a
+The budget for ``StepscopeCallback`` is 50 µs of CPU a step. Measured inside a
 running ``Model.train`` (benchmarks/ms_callback_overhead.py), the same Python costs 5-7x
 what it costs in a warm loop: each hook starts cold after milliseconds of compute, so a
 step path of ~200 Python calls (row building, loss check, queueing) took ~150 µs where a

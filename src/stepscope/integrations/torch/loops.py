@@ -1,4 +1,4 @@
-"""Training loops beyond ``for batch: forward, backward, optimizer.step()`` (issue 13).
+"""Training loops beyond ``for batch: forward, backward, optimizer.step()``.
 
 The zero-code state (:class:`.state.AutoState`) owns one :class:`Loops`, which handles:
 

@@ -70,7 +70,7 @@ class Settings:
     samples_per_step: float = math.nan
     flops_convention: str = ""  # `stepscope run --flops-convention NAME`; "" = the default
     # MindSpore custom loops: device sync at the phase boundaries of every N-th step
-    # (0 = never); MindSpore dispatches asynchronously even on CPU (issue 17).
+    # (0 = never); MindSpore dispatches asynchronously even on CPU.
     sync_every: int = 10
 
     @classmethod
