@@ -32,15 +32,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .pending import BETWEEN_COLUMNS, StepData
+
 if TYPE_CHECKING:
     from .evalloss import EvalLosses
-    from .pending import StepData
 
-__all__ = ["COLUMNS", "RECUR", "LosslessRun", "book", "attach", "settle", "trained",
+__all__ = ["RECUR", "LosslessRun", "book", "attach", "settle", "trained",
            "is_eval_forward"]
 
-# kind -> step-table column (schema.py describes both)
-COLUMNS = {"eval": "eval_s", "checkpoint": "checkpoint_s"}
 # steps in a row with lossless forwards between them: from then on, the step's own work
 RECUR = 3
 RECUR_NOTE = ("no-grad forwards of the trained model with no loss and no framework "
@@ -61,7 +60,7 @@ def book(d: StepData, kind: str, t_end: float) -> bool:
     """
     if trained(d) or math.isnan(d.t_start):
         return False
-    col = COLUMNS[kind]
+    col = BETWEEN_COLUMNS[kind]
     # stepscope's own time after the previous boundary sits inside the span: not eval
     span = max(0.0, t_end - d.t_start - d.tool)
     # what this booking takes from the step, in case :func:`settle` gives it back

@@ -29,8 +29,7 @@ from typing import Any
 import torch
 
 from ...record.signals import install_sigterm_finaliser
-from . import closure, ddp, loops
-from . import fingerprint as meta
+from . import closure, ddp, fingerprint, loops, run_notes
 from .clipnorm import watch_clip_norms
 from .replay import Replay
 from .settings import Settings
@@ -58,12 +57,12 @@ def install(settings: Settings) -> AutoState:
 def _plug_meta(st: AutoState) -> None:
     """What the process does besides timing (:mod:`.fingerprint`), at the state's seams."""
     st.on_recorder = on_sigterm
-    st.on_model = meta.note_model
-    st.on_optimizer = lambda s, opt: meta.note_optimizer(s.fp.baseline, opt)
-    st.before_optimizer_step = meta.maybe_cross_rank
-    st.after_boundary = meta.after_boundary
+    st.on_model = run_notes.note_model
+    st.on_optimizer = lambda s, opt: fingerprint.note_optimizer(s.fp.baseline, opt)
+    st.before_optimizer_step = run_notes.maybe_cross_rank
+    st.after_boundary = run_notes.after_boundary
     st.before_close = lambda s: s.profile.stop()
-    st.at_close = meta.write_summary
+    st.at_close = run_notes.write_summary
 
 
 def _optimizer_hooks(st: AutoState) -> None:
@@ -245,7 +244,7 @@ def _misc_hooks(st: AutoState) -> None:
     @functools.wraps(orig_seed)
     def manual_seed(seed: Any) -> Any:
         try:
-            meta._SEED.append(int(seed))
+            fingerprint._SEED.append(int(seed))
         except Exception:  # measuring must never break training
             pass
         return orig_seed(seed)

@@ -19,10 +19,12 @@ from typing import Any
 
 from ...record.session import StepSession
 from . import accum, ddp
-from .between import COLUMNS as BETWEEN_COLUMNS
 from .failures import Failures
 from .readers import scalar
 from .settings import Settings
+
+# Work between two steps, by kind -> its step-table column (schema.py describes both).
+BETWEEN_COLUMNS = {"eval": "eval_s", "checkpoint": "checkpoint_s"}
 
 _NAN = math.nan
 
