@@ -266,8 +266,9 @@ def test_trace_imports_only_what_it_uses(tmp_path: Path) -> None:
     assert _heavy(mods, ("matplotlib", "rich", "torch", "mindspore", "stepscope.report",
                          "stepscope.analysis.diagnose", "stepscope.analysis.health.check",
                          "stepscope.analysis.summary", "stepscope.analysis.compare",
-                         "stepscope.calc", "stepscope.record.recorder",
-                         "stepscope.rundir.index")) == []
+                         "stepscope.calc.flops", "stepscope.calc.hardware",
+                         "stepscope.calc.memory", "stepscope.calc.plan",
+                         "stepscope.record.recorder", "stepscope.rundir.index")) == []
     assert not [m for m in mods if m.startswith("stepscope.cli.") and m not in (
         "stepscope.cli.trace", "stepscope.cli.common")]
 

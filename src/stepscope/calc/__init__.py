@@ -13,19 +13,23 @@ Example::
 
 from __future__ import annotations
 
-from .cpu import CpuInfo, cpu_peak, host_cpu_peak
-from .flops import (
-    CONVENTIONS,
-    FlopsEstimate,
-    ModelSpec,
-    flops_per_token,
-    hfu,
-    mfu,
-    tokens_per_s_from_step,
-)
-from .hardware import PeakEntry, explain_miss, lookup_peak, require_peak
-from .memory import MemoryEstimate, estimate
-from .plan import Layout, plan
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cpu import CpuInfo, cpu_peak, host_cpu_peak
+    from .flops import (
+        CONVENTIONS,
+        FlopsEstimate,
+        ModelSpec,
+        flops_per_token,
+        hfu,
+        mfu,
+        tokens_per_s_from_step,
+    )
+    from .hardware import PeakEntry, explain_miss, lookup_peak, require_peak
+    from .memory import MemoryEstimate, estimate
+    from .plan import Layout, plan
 
 __all__ = [
     "ModelSpec",
@@ -47,3 +51,23 @@ __all__ = [
     "Layout",
     "plan",
 ]
+
+# name -> submodule, imported on first access (PEP 562): a caller of one calculator (the
+# straggler score in every training process, the trace breakdown) does not load the device
+# table, the memory model and the planner.
+_LAZY = {
+    "ModelSpec": "flops", "FlopsEstimate": "flops", "CONVENTIONS": "flops",
+    "flops_per_token": "flops", "mfu": "flops", "hfu": "flops",
+    "tokens_per_s_from_step": "flops", "PeakEntry": "hardware", "lookup_peak": "hardware",
+    "explain_miss": "hardware", "require_peak": "hardware", "host_cpu_peak": "cpu",
+    "cpu_peak": "cpu", "CpuInfo": "cpu", "MemoryEstimate": "memory", "estimate": "memory",
+    "Layout": "plan", "plan": "plan",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
