@@ -180,7 +180,12 @@ def build(sink: SinkConfig, msg: Message, payload: list[dict[str, Any]], now_s: 
 
 def interpret(sink_type: str, status: int | None, body: bytes, headers: Mapping[str, str],
               error: str) -> Outcome:
-    """What the platform's answer means: HTTP status first, then its JSON error code."""
+    """What the platform's answer means: HTTP status first, then its JSON error code.
+
+    Accepted only on the platform's own success answer: a 2xx, and for the chat robots a
+    JSON object whose error code is the integer 0. A 3xx is a failure (the POST was not
+    redirected, so nothing was delivered), and so is a 1xx or any other non-2xx.
+    """
     plat = PLATFORMS[sink_type]
     if status is None:
         return Outcome("retry", f"no answer ({error})")
@@ -189,24 +194,51 @@ def interpret(sink_type: str, status: int | None, body: bytes, headers: Mapping[
         return Outcome("throttled", f"HTTP 429 {snippet}".strip(), _retry_after(headers))
     if status >= 500:
         return Outcome("retry", f"HTTP {status} {snippet}".strip())
-    if status >= 400:
+    if 300 <= status < 400:
+        return Outcome("rejected", f"HTTP {status} redirect not followed (a POST is never "
+                                   "redirected): point the sink at the final URL")
+    if not 200 <= status < 300:
         return Outcome("rejected", f"HTTP {status} {snippet}".strip())
-    if sink_type in ("slack", "webhook"):
+    if sink_type == "slack":
         return Outcome("accepted", f"HTTP {status}")
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return Outcome("rejected", f"HTTP {status}, answer is not JSON: {snippet}")
+        doc = None
+    if sink_type == "webhook":
+        return _webhook_answer(status, doc, snippet)
     if not isinstance(doc, dict):
-        return Outcome("rejected", f"HTTP {status}, unexpected answer: {snippet}")
-    code = doc.get("errcode", doc.get("code", doc.get("StatusCode")))
-    text = doc.get("errmsg", doc.get("msg", doc.get("StatusMessage", "")))
-    if code == 0:
+        return Outcome("rejected", f"HTTP {status}, answer is not a JSON object: {snippet}")
+    code, text = _error_code(doc)
+    # bool is an int in Python: ``false == 0`` must not read as success.
+    if type(code) is int and code == 0:
         return Outcome("accepted", f"HTTP {status}, code 0")
     # WeCom 45009, DingTalk 130101, Feishu 11232: over the platform's rate limit.
     if code in (45009, 130101, 11232):
         return Outcome("throttled", f"code {code} {text}", plat.throttled_for_s)
     return Outcome("rejected", f"code {code} {text}")
+
+
+def _error_code(doc: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The robot's error code and message: WeCom/DingTalk ``errcode``/``errmsg``; Feishu
+    ``code``/``msg`` (v2 hooks) or ``StatusCode``/``StatusMessage`` (older answers). A
+    non-zero one anywhere wins over a zero elsewhere."""
+    pairs = [(doc[c], doc.get(m, "")) for c, m in (
+        ("errcode", "errmsg"), ("code", "msg"), ("StatusCode", "StatusMessage")) if c in doc]
+    bad = [p for p in pairs if not (type(p[0]) is int and p[0] == 0)]
+    return (bad or pairs or [(None, "")])[0]
+
+
+def _webhook_answer(status: int, doc: Any, snippet: str) -> Outcome:
+    # A generic webhook may answer anything; a 2xx is success unless the answer carries a
+    # WeCom/DingTalk-style ``errcode`` (a gateway relaying to a robot) that is not 0.
+    # ``code`` is not read here: many services answer ``{"code": 200}`` on success.
+    if isinstance(doc, dict) and "errcode" in doc:
+        code = doc["errcode"]
+        if not (type(code) is int and code == 0):
+            return Outcome("rejected", f"HTTP {status}, errcode {code} {doc.get('errmsg', '')}"
+                           .strip())
+    return Outcome("accepted", f"HTTP {status}")
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
