@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from stepscope.alerts.pending import find_pending
+from stepscope import RunMeta
+from stepscope.alerts.pending import FlushNotRun, find_pending, flush_pending
 from stepscope.rundir.store import RunDir
 from support.chat_robots import BlackHole, ChatRobots
 
@@ -205,3 +206,57 @@ def test_watch_delivers_what_a_sigkilled_trainer_left_pending(tmp_path: Path,
     assert "nonfinite_loss" in text
     assert any("process_gone" in t for t in robots.state.texts("webhook"))
     assert find_pending(_events(run)) == []
+
+
+def test_two_concurrent_flushes_send_each_pending_alert_once(tmp_path: Path,
+                                                             robots: ChatRobots) -> None:
+    # Pending records as a SIGKILLed trainer leaves them (its pid is gone: no pid at all).
+    run = RunDir.create(tmp_path / "run", RunMeta(run_id="run", status="failed"))
+    f = _alert_file(tmp_path / "alerts.toml", robots.url("webhook"), timeout_s=10.0)
+    for aid, rule in (("a1", "nonfinite_loss"), ("a2", "stall")):
+        run.append_event({"type": "alert_pending", "id": aid, "rule": rule,
+                          "severity": "critical", "run": "run", "rank": 0, "step": 7,
+                          "message": f"{rule} fired", "next_step": "look", "source": "test",
+                          "sinks": ["team-hook"], "pid": None, "hostname": "elsewhere",
+                          "alerts_file": str(f)})
+    # The robot answers after 3 s: both flushes start while the first is still sending.
+    robots.state.mode, robots.state.delay_s = "slow", 3.0
+    cmd = [sys.executable, "-m", "stepscope", "alerts", "flush", str(run.path)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=_env()) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    sent = [a["id"] for r in robots.state.accepted for a in r.body["alerts"]]
+    assert sorted(sent) == ["a1", "a2"], outs
+    busy = [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)
+            if "another flush" in err]
+    assert len(busy) == 1, outs
+    [(rc, out, err)] = busy
+    assert rc == 1 and out == "" and len(err.splitlines()) == 1, err
+    assert find_pending(_events(run.path)) == []
+
+
+def test_a_flush_while_another_holds_the_lock_sends_nothing(tmp_path: Path,
+                                                            robots: ChatRobots) -> None:
+    run = RunDir.create(tmp_path / "run", RunMeta(run_id="run", status="failed"))
+    f = _alert_file(tmp_path / "alerts.toml", robots.url("webhook"))
+    run.append_event({"type": "alert_pending", "id": "a1", "rule": "stall",
+                      "severity": "critical", "run": "run", "rank": 0, "step": 7,
+                      "message": "stalled", "next_step": "look", "source": "test",
+                      "sinks": ["team-hook"], "pid": None, "hostname": "elsewhere",
+                      "alerts_file": str(f)})
+    # The other flusher: a real process holding the lock file, as `alerts flush` does.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
+         "os.O_RDWR | os.O_CREAT, 0o600); fcntl.flock(fd, fcntl.LOCK_EX); print('held', "
+         "flush=True); time.sleep(60)", str(run.path / ".alerts-flush.lock")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(FlushNotRun, match="another flush of .* nothing sent"):
+            flush_pending(run)
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    assert robots.state.accepted == [] and len(find_pending(_events(run.path))) == 1
+    [result] = flush_pending(run)  # the lock is free again: delivered once
+    assert result.outcome.startswith("accepted")

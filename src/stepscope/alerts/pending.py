@@ -16,6 +16,11 @@ finds a rank's process gone. Delivery is at least once: an alert whose request r
 robot just before the kill (answer never recorded) is sent again, marked as late. Alerts of
 a process still alive on this host are left to it.
 
+One flusher at a time: a flush holds an exclusive ``flock`` on ``RUN/.alerts-flush.lock``
+from reading the pending records until their outcomes are written, and a second flush
+meanwhile (the launcher and ``stepscope watch`` at once, two ``alerts flush``) raises
+:class:`FlushNotRun` and sends nothing, so no alert goes out twice from two flushes.
+
 Example::
 
     results = flush_pending(RunDir.open("runs/exp1"), load_alerts_config("alerts.toml"))
@@ -25,9 +30,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import os
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +46,10 @@ from .delivery import PENDING, PENDING_TYPE, Dispatcher
 from .follow import pid_state
 from .model import Alert
 
-__all__ = ["PendingAlert", "FlushResult", "find_pending", "flush_pending", "journal_fields",
-           "is_final"]
+__all__ = ["PendingAlert", "FlushResult", "FlushNotRun", "find_pending", "flush_pending",
+           "journal_fields", "is_final"]
+
+FLUSH_LOCK = ".alerts-flush.lock"
 
 _LATE = "delivered late (the process that raised it ended before sending it): "
 
@@ -77,6 +87,38 @@ class FlushResult:
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
+
+
+class FlushNotRun(RuntimeError):
+    """This flush sent nothing: another flush of the run holds its lock, or the run
+    directory cannot hold one (read-only) while alerts are pending."""
+
+
+class _NoLockFile(OSError):
+    pass
+
+
+@contextmanager
+def _flush_lock(run: RunDir) -> Iterator[None]:
+    path = run.path / FLUSH_LOCK
+    try:
+        # O_NOFOLLOW: a planted symlink must not make the flush lock (or create) another file.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise _NoLockFile(f"cannot open the flush lock {path} ({exc.strerror}): pending "
+                          "alerts are delivered only by a flush that can lock the run "
+                          "directory") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise FlushNotRun(f"another flush of {run.path} is delivering its pending "
+                            "alerts; nothing sent (run it again once that one ends)") from exc
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays (unlinking it would race a waiter)
 
 
 def find_pending(events: Iterable[Mapping[str, Any]]) -> list[PendingAlert]:
@@ -124,8 +166,21 @@ def flush_pending(run: RunDir, config: AlertsConfig | None = None, *,
 
     ``config``: the alert file whose sinks (by name) deliver them; None reads the file each
     pending record names. Outcomes that are not ``accepted`` stay visible in the results
-    (``left pending: ...`` when nothing was tried).
+    (``left pending: ...`` when nothing was tried). Raises :class:`FlushNotRun` (having sent
+    nothing) while another flush of the same run is under way.
     """
+    try:
+        with _flush_lock(run):  # raises FlushNotRun while another flush holds the run
+            return _flush_locked(run, config, state_of, timeout_s, observer)
+    except _NoLockFile as exc:  # a read-only run: fine as long as nothing is pending
+        if not find_pending(run.read_events()[0]):
+            return []
+        raise FlushNotRun(str(exc)) from exc
+
+
+def _flush_locked(run: RunDir, config: AlertsConfig | None,
+                  state_of: Callable[[int], str | None], timeout_s: float,
+                  observer: str) -> list[FlushResult]:
     events, _ = run.read_events()
     results: list[FlushResult] = []
     batches: list[tuple[AlertsConfig, tuple[SinkConfig, ...], list[Alert]]] = []

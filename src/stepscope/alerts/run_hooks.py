@@ -42,10 +42,13 @@ def flush_after_run(run_dir: Path | None, alerts_file: str) -> None:
         return
     try:
         from ..rundir.store import RunDir
-        from .pending import flush_pending
+        from .pending import FlushNotRun, flush_pending
 
         results = flush_pending(RunDir(run_dir), load_alerts_config(alerts_file),
                                 timeout_s=FLUSH_AFTER_RUN_S, observer="launcher")
+    except FlushNotRun as exc:  # another flusher has them (a watch): left to it
+        print(f"stepscope: {exc}", file=sys.stderr)
+        return
     except Exception as exc:  # the command's exit status is what the caller waits for
         print(f"stepscope: pending alerts not delivered ({type(exc).__name__}); run "
               f"`stepscope alerts flush {run_dir}`", file=sys.stderr)

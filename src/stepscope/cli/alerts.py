@@ -3,8 +3,9 @@
 ``test``: one test message through every sink of an alert file; prints each sink's outcome
 (never its URL or secret) and exits 0 only if every sink accepted the message, 1 otherwise.
 ``flush``: delivers the alerts a run recorded as pending (its process was killed, or its
-endpoint was down when it exited); exits 0 when nothing is left pending, 1 otherwise. A
-bad file or run directory is one line and exit 2.
+endpoint was down when it exited); exits 0 when nothing is left pending, 1 otherwise; while
+another flush of the same run is under way it says so in one line, sends nothing and exits
+1. A bad file or run directory is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -51,10 +52,14 @@ def alerts_test(file: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the outcomes as JSON.")
 def alerts_flush(run: str, alerts_file: str | None, as_json: bool) -> None:
     """Deliver the alerts RUN recorded as pending; exit 0 when none is left pending."""
-    from ..alerts.pending import flush_pending
+    from ..alerts.pending import FlushNotRun, flush_pending
 
     config = load_alerts_config(alerts_file) if alerts_file else None
-    results = flush_pending(RunDir.open(run), config)
+    try:
+        results = flush_pending(RunDir.open(run), config)
+    except FlushNotRun as exc:  # one flusher at a time: this one sent nothing
+        click.echo(f"stepscope: {exc}", err=True)
+        sys.exit(1)
     ok = all(r.outcome.startswith("accepted") for r in results)
     if as_json:
         click.echo(json.dumps({"ok": ok, "results": [r.to_dict() for r in results]}))
