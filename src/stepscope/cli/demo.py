@@ -120,7 +120,7 @@ def isolation_story(console: Console, loaded: Run, kept: list[Any], steps: int,
          f"replaced by {len(kept)} real batches held in memory → {replay_dir}")
     train_demo(framework, replay_dir, min(steps, _REPLAY_STEPS), seed, False, quiet, "replay",
                batches=kept)
-    replay_table, _ = RunDir.open(replay_dir).read_steps()
+    replay_table, _ = Run.open(replay_dir).read()
     res = data_isolation_verdict(loaded.table, replay_table)
     loaded.dir.append_event({"type": ISOLATION_EVENT, "kind": "data",
                              "result": res.to_dict(), "experiment_run": str(replay_dir)})

@@ -13,14 +13,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..analysis.diagnose import Diagnosis, diagnose, records_lost
+from ..analysis.diagnose import Diagnosis, records_lost
 from ..analysis.isolation import (
     ISOLATION_EVENT,
     IsolationResult,
@@ -28,9 +27,8 @@ from ..analysis.isolation import (
     data_isolation_verdict,
 )
 from ..errors import StepscopeError
-from ..rundir.run import Run, no_records_error
+from ..rundir.run import Run
 from ..rundir.store import RunDir, utc_stamp
-from ..schema import StepTable
 from . import cli
 from .common import emit_json, note_event_problems
 
@@ -102,17 +100,11 @@ def _with_trace(run: Run, trace: Path) -> Diagnosis:
     if not trace.exists():
         raise StepscopeError(f"--trace {trace} does not exist; pass a trace file or "
                              "directory written by torch.profiler or MindSpore")
-    table, stats = run.read(require=False)
-    running = run.meta.status == "running"
-    if not len(table) and (not running or stats.skipped):
-        raise no_records_error(run.dir, stats)
-    now = time.time() if running else None  # the CLI is an edge: it reads the clock
-    return diagnose(table, run.meta, events=run.events(), trace_report=_trace_report(trace),
-                    now_wall_s=now, conditions=run.conditions)
+    return run.diagnosis(trace_report=_trace_report(trace))
 
 
 def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,
-                         switch: str | None) -> StepTable:
+                         switch: str | None) -> Run:
     env = dict(os.environ, STEPSCOPE_MAX_STEPS=str(steps))
     env.pop("STEPSCOPE_REPLAY_DATA", None)
     env.pop("STEPSCOPE_NOOP_GRAD_SYNC", None)
@@ -124,7 +116,7 @@ def _run_under_stepscope(out: Path, command: tuple[str, ...], steps: int,
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise StepscopeError(f"`{' '.join(command)}` under stepscope run exited with "
                              f"{proc.returncode} ({' | '.join(tail)}); run it alone first")
-    return Run.open(out).read()[0]
+    return Run.open(out)
 
 
 @cli.command("isolate")
@@ -145,12 +137,13 @@ def isolate_cmd(what: str, steps: int, warmup: int, out: Path | None, as_json: b
     switch, label = _SWITCH[what]
     base_dir, exp_dir = out / "baseline", out / label
     total = warmup + steps
-    base = _run_under_stepscope(base_dir, command, total, None)
-    exp = _run_under_stepscope(exp_dir, command, total, switch)
+    base_run = _run_under_stepscope(base_dir, command, total, None)
+    exp_run = _run_under_stepscope(exp_dir, command, total, switch)
+    base, exp = (r.read()[0] for r in (base_run, exp_run))
     base, exp = (t.select(t["step"] >= warmup) for t in (base, exp))
     verdict = data_isolation_verdict if what == "data" else comm_isolation_verdict
-    res: IsolationResult = verdict(base, exp, conditions=(
-        RunDir(base_dir).read_conditions(), RunDir(exp_dir).read_conditions()))
+    res: IsolationResult = verdict(base, exp, conditions=(base_run.conditions,
+                                                          exp_run.conditions))
     event = {"type": ISOLATION_EVENT, "kind": what, "result": res.to_dict(),
              "baseline_run": str(base_dir), "experiment_run": str(exp_dir),
              "warmup_steps": warmup, "measured_steps": steps}

@@ -6,13 +6,12 @@ TensorBoard and MLflow get the per-step series of :func:`stepscope.analysis.seri
 
 Example::
 
-    from stepscope import RunDir, summarize
+    import stepscope
     from stepscope.report.export import export_run
-    run = RunDir.open("runs/exp1")
-    table, _ = run.read_steps()
-    meta = run.read_meta()
-    export_run(table, meta, summarize(table, meta), "tensorboard", "tb/exp1")
-    export_run(table, meta, None, "mlflow", "sqlite:///mlflow.db")
+    run = stepscope.open_run("runs/exp1")
+    export_run(run.table, run.meta, run.sheet(), "tensorboard", "tb/exp1",
+               findings=run.findings())
+    export_run(run.table, run.meta, None, "mlflow", "sqlite:///mlflow.db")
 
 Each target's library is an install extra (``pip install 'stepscope[export]'``); a missing one
 is a ConfigError naming the package, before anything is written.

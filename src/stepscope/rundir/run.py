@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -233,10 +233,13 @@ class Run:
         self._analyse(findings=True, series_points=series_points)
         self.diagnosis()
 
-    def diagnosis(self) -> Diagnosis:
+    def diagnosis(self, trace_report: Mapping[str, Any] | None = None) -> Diagnosis:
         """Ranked findings, the bottleneck and advice (``analysis.diagnose``), with the
         newest archived profile's breakdown; a running run's silence is measured against
-        the clock now."""
+        the clock now. ``trace_report``: another trace's breakdown instead of the archived
+        profile's (``diagnose --trace``; neither kept nor stored: not the run's own)."""
+        if trace_report is not None:
+            return self._diagnose(self.meta.status == "running", trace_report)
         if self._diagnosis is None:
             running = self.meta.status == "running"
             entry = None if running else self.stored(
@@ -348,17 +351,19 @@ class Run:
         entry.put({"stats": stats.to_dict(), "sheet": self._sheet.to_dict(),
                    "profile": profile})
 
-    def _diagnose(self, running: bool) -> Diagnosis:
+    def _diagnose(self, running: bool, report: Mapping[str, Any] | None = None
+                  ) -> Diagnosis:
         table, stats = self.read(require=False)
         # A live run that has not stepped yet is diagnosed (a stall at start-up); a
         # finished one, or one whose records are all unreadable, has nothing to diagnose.
         if not len(table) and (not running or stats.skipped):
             raise no_records_error(self.dir, stats)
-        profile = self.profile(analyse=True)
-        report = profile.get("report") if profile else None
-        if profile is not None and not isinstance(report, dict):
-            self.diagnosis_note = (f"stepscope: note: archived profile skipped: "
-                                   f"{profile.get('status')}")
+        if report is None:
+            profile = self.profile(analyse=True)
+            report = profile.get("report") if profile else None
+            if profile is not None and not isinstance(report, dict):
+                self.diagnosis_note = (f"stepscope: note: archived profile skipped: "
+                                       f"{profile.get('status')}")
         # The door is an edge that reads the clock: a running run's silence is a stall.
         now = time.time() if running else None
         health = self._health if not running else None
