@@ -23,9 +23,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from ..analysis.advice import advise
-from ..analysis.isolation import ISOLATION_EVENT, data_isolation_verdict, isolation_finding
+from ..analysis.isolation import data_isolation_verdict, isolation_finding
 from ..analysis.mfu import run_mfu
 from ..errors import ConfigError
+from ..record.isolate import record_isolation
 from ..report.fmt import fmt_num, fmt_pct
 from ..report.offline import write_html
 from ..report.regimes_view import headline_note
@@ -122,8 +123,7 @@ def isolation_story(console: Console, loaded: Run, kept: list[Any], steps: int,
                batches=kept)
     replay_table, _ = Run.open(replay_dir).read()
     res = data_isolation_verdict(loaded.table, replay_table)
-    loaded.dir.append_event({"type": ISOLATION_EVENT, "kind": "data",
-                             "result": res.to_dict(), "experiment_run": str(replay_dir)})
+    record_isolation(loaded.path, res, replay_dir)
     _say(console,
          f"[bold]4. Verdict[/bold]: {res.verdict} — {fmt_num(res.baseline_rate)} → "
          f"{fmt_num(res.experiment_rate)} {res.unit}; the pipeline costs "

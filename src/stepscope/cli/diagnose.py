@@ -21,14 +21,14 @@ import click
 
 from ..analysis.diagnose import Diagnosis, records_lost
 from ..analysis.isolation import (
-    ISOLATION_EVENT,
     IsolationResult,
     comm_isolation_verdict,
     data_isolation_verdict,
 )
 from ..errors import StepscopeError
+from ..record.isolate import record_isolation
 from ..rundir.run import Run
-from ..rundir.store import RunDir, utc_stamp
+from ..rundir.store import utc_stamp
 from . import cli
 from .common import emit_json, note_event_problems
 
@@ -144,11 +144,9 @@ def isolate_cmd(what: str, steps: int, warmup: int, out: Path | None, as_json: b
     verdict = data_isolation_verdict if what == "data" else comm_isolation_verdict
     res: IsolationResult = verdict(base, exp, conditions=(base_run.conditions,
                                                           exp_run.conditions))
-    event = {"type": ISOLATION_EVENT, "kind": what, "result": res.to_dict(),
-             "baseline_run": str(base_dir), "experiment_run": str(exp_dir),
-             "warmup_steps": warmup, "measured_steps": steps}
-    for d in (base_dir, exp_dir):
-        RunDir.open(d).append_event(event)
+    event = record_isolation(base_dir, res, exp_dir, warmup_steps=warmup,
+                             measured_steps=steps)
+    exp_run.dir.append_event(event)  # the same record in both runs
     if as_json:
         emit_json(event)
         return

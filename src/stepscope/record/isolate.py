@@ -89,10 +89,14 @@ def noop_grad_sync_hook(state, bucket):  # type: ignore[no-untyped-def]
 
 
 def record_isolation(run_dir: str | os.PathLike[str], result: IsolationResult,
-                     experiment_run: str | os.PathLike[str] | None = None) -> None:
-    """Append the verdict to ``run_dir``'s events.jsonl (where diagnose/report read it)."""
-    RunDir.open(run_dir).append_event({
-        "type": ISOLATION_EVENT, "kind": result.kind, "result": result.to_dict(),
-        "baseline_run": str(run_dir),
-        "experiment_run": str(experiment_run) if experiment_run is not None else None,
-    })
+                     experiment_run: str | os.PathLike[str] | None = None,
+                     **extra: Any) -> dict[str, Any]:
+    """Append the verdict to ``run_dir``'s events.jsonl (where diagnose/report read it);
+    ``extra``: more keys of the record (``isolate``: the steps it measured). Returns the
+    record, the one form every writer of a verdict uses."""
+    event = {"type": ISOLATION_EVENT, "kind": result.kind, "result": result.to_dict(),
+             "baseline_run": str(run_dir),
+             "experiment_run": str(experiment_run) if experiment_run is not None else None,
+             **extra}
+    RunDir.open(run_dir).append_event(event)
+    return event
